@@ -1,0 +1,81 @@
+"""The `rlcli` command: `rlcli <subcommand> [overrides]`.
+
+`train` hands its arguments to Hydra, which composes the config from the groups in
+`conf/` (so `-m` sweeps, `hydra.run.dir=...` and `--help` work as in any Hydra app). Errors
+a user can fix (`ConfigError`) are printed as one paragraph with exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# vLLM (when present) runs its engine inside this process; set before anything imports it.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+USAGE = """usage: rlcli <command> [overrides...]
+
+Reinforcement-learning post-training of language models.
+
+commands:
+  train     train a policy: rlcli train [group=choice ...] [key=value ...] (-m to sweep)
+            `rlcli train --help` lists the config groups and their choices
+
+examples:
+  rlcli train                                  GRPO on SmolLM2-135M with arithmetic problems
+  rlcli train model=tiny reward=space_rate     a quick run on a tiny random model
+  rlcli train -m trainer.lr=1e-6,3e-6          a sweep (Hydra multirun)
+"""
+
+
+def _fail(message: str) -> None:
+    print(f"rlcli: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _train_job(raw) -> None:
+    """One Hydra job: validate the composed config, then train in the job's output dir."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+    from transformers.utils import logging as hf_logging
+
+    from rlcli.config import ConfigError, validate
+
+    # rlcli draws its own progress bar; transformers' per-load bars would bury it.
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        cfg = validate(raw)
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        from rlcli.trainer import train
+
+        train(cfg, run_dir)
+    except ConfigError as err:
+        _fail(str(err))
+
+
+def train_command(argv: list[str]) -> None:
+    import hydra
+
+    from rlcli.config import CONF_DIR
+
+    sys.argv = ["rlcli train", *argv]
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_train_job)()
+
+
+COMMANDS = {"train": train_command}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        valid = ", ".join(COMMANDS)
+        _fail(f"unknown command {command!r}; valid commands: {valid}. See rlcli --help.")
+    COMMANDS[command](rest)

@@ -1,0 +1,207 @@
+"""The config schema and its validation.
+
+Fields are documented once, by the comment above each of them in `conf/**/*.yaml`; this
+module only fixes their types and allowed values so that a bad config fails before any
+model loads. `validate` returns the typed config or raises `ConfigError` with a message
+meant for the user (see cli.py, which prints it without a traceback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+# The Hydra config tree (`conf/` at the top of the repository).
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A config value a user must change; the message names the value and the valid choices."""
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    advantage: str = "grpo"
+    ratio: str = "token"
+    clip: str = "symmetric"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    kl: str = "k3"
+    beta: float = 0.04
+    entropy_coef: float = 0.0
+    aggregation: str = "seq_mean_token_mean"
+    norm_len: int | None = None
+
+
+@dataclass
+class RewardConfig:
+    name: str = "math"
+
+
+@dataclass
+class SamplerConfig:
+    name: str = "hf"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 48
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2_135m"
+    source: str = "smollm2_gguf"
+    path: str | None = None
+    gradient_checkpointing: bool = False
+    tiny_layers: int = 2
+    tiny_hidden: int = 64
+    tiny_heads: int = 4
+
+
+@dataclass
+class DataConfig:
+    name: str = "arith"
+    # arith
+    difficulty: int = 2
+    operators: str = "+-"
+    num_operands: int = 2
+    num_train: int = 2000
+    num_test: int = 200
+    # jsonl
+    path: str | None = None
+    test_path: str | None = None
+    prompt_field: str = "question"
+    answer_field: str = "answer"
+    # both
+    instruction: str = ""
+    system_prompt: str | None = None
+    seed: int = 1234
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 30
+    seed: int = 0
+    prompts_per_step: int = 4
+    group_size: int = 4
+    mini_batches: int = 1
+    epochs: int = 1
+    micro_batch_size: int = 8
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    device: str = "auto"
+    dtype: str = "float32"
+    save_every: int = 50
+
+
+@dataclass
+class LoggerConfig:
+    progress: bool = True
+    sample_every: int = 0
+
+
+@dataclass
+class Config:
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def _choices() -> dict[str, list[str]]:
+    """Allowed values of the string fields that pick a piece, read from the registries."""
+    from rlcli.ops.advantages import OUTCOME_ADVANTAGES
+    from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
+    from rlcli.rewards import REWARDS
+
+    return {
+        "algo.advantage": sorted(OUTCOME_ADVANTAGES),
+        "algo.ratio": sorted(RATIOS),
+        "algo.clip": sorted(CLIP_BOUNDS),
+        "algo.kl": sorted(KL_ESTIMATORS),
+        "algo.aggregation": sorted(AGGREGATIONS),
+        "reward.name": sorted(REWARDS),
+        "sampler.name": ["hf"],
+        "model.source": ["smollm2_gguf", "tiny", "hub"],
+        "data.name": ["arith", "jsonl"],
+        "trainer.dtype": ["float32", "bfloat16", "float16"],
+    }
+
+
+def _check_ranges(cfg: Config) -> None:
+    t, s = cfg.trainer, cfg.sampler
+    positive = {
+        "trainer.max_steps": t.max_steps,
+        "trainer.prompts_per_step": t.prompts_per_step,
+        "trainer.group_size": t.group_size,
+        "trainer.mini_batches": t.mini_batches,
+        "trainer.epochs": t.epochs,
+        "trainer.micro_batch_size": t.micro_batch_size,
+        "sampler.max_new_tokens": s.max_new_tokens,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value} is not allowed: it must be a whole number >= 1.")
+    if t.lr <= 0:
+        raise ConfigError(f"trainer.lr={t.lr} is not allowed: the learning rate must be > 0.")
+    if cfg.algo.advantage in ("grpo", "dr_grpo", "rloo") and t.group_size < 2:
+        raise ConfigError(
+            f"trainer.group_size={t.group_size} is too small for algo.advantage="
+            f"{cfg.algo.advantage}: group-normalised advantages compare responses to the same "
+            "prompt, so every response would get advantage 0. Use trainer.group_size=2 or more."
+        )
+    batch = t.prompts_per_step * t.group_size
+    if batch % t.mini_batches:
+        raise ConfigError(
+            f"trainer.mini_batches={t.mini_batches} does not divide the batch of "
+            f"{batch} responses (prompts_per_step x group_size); choose a divisor of {batch}."
+        )
+    if not 0 < s.top_p <= 1:
+        raise ConfigError(f"sampler.top_p={s.top_p} is not allowed: it must be in (0, 1].")
+    if s.temperature <= 0:
+        raise ConfigError(f"sampler.temperature={s.temperature} is not allowed: it must be > 0.")
+    if cfg.data.name == "jsonl" and not cfg.data.path:
+        raise ConfigError("data=jsonl needs data.path=<file.jsonl>: the training file to read.")
+    if cfg.model.source == "hub" and not cfg.model.path:
+        raise ConfigError("model.source=hub needs model.path=<local dir or hub id>.")
+    if cfg.algo.dual_clip is not None and cfg.algo.dual_clip <= 1:
+        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip} is not allowed: it must be > 1.")
+
+
+def validate(raw: DictConfig) -> Config:
+    """Check types, unknown keys and allowed values; return the typed config object."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+    except OmegaConfBaseException as err:
+        # OmegaConf's own message names the key and the expected type; keep only its first line.
+        first = str(err).strip().splitlines()[0]
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"Invalid config value{f' at {key}' if key else ''}: {first}") from None
+    cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    for key, allowed in _choices().items():
+        group, name = key.split(".")
+        value = getattr(getattr(cfg, group), name)
+        if value not in allowed:
+            valid = ", ".join(allowed)
+            raise ConfigError(f"{key}={value!r} is not one of the valid choices: {valid}.")
+    _check_ranges(cfg)
+    return cfg
+
+
+def compose(overrides: Sequence[str] = ()) -> Config:
+    """The validated config `rlcli train OVERRIDES...` would run, for use from Python."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return validate(hydra_compose("config", overrides=list(overrides)))

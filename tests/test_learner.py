@@ -1,0 +1,72 @@
+"""The learner on the real tiny model: padding-independent log-probs, and a loss whose
+gradient does not depend on how the step is split into micro-batches."""
+
+import copy
+
+import pytest
+import torch
+
+from rlcli.config import compose
+from rlcli.learner import Objective, batch_logprobs, learn, token_logprobs
+from rlcli.ops.policy_loss import AGGREGATIONS
+from rlcli.rollout import response_mask_from
+from rlcli.trainer import setup
+
+
+@pytest.fixture(scope="module")
+def run():
+    return setup(compose(["model=tiny", "trainer.prompts_per_step=3", "trainer.group_size=4"]))
+
+
+@pytest.fixture(scope="module")
+def batch(run):
+    problems = run.prompts.take(3)
+    # Prompts of different lengths so left padding differs between rows.
+    prompts = [f"{'word ' * (5 * i)}{p.question}" for i, p in enumerate(problems)]
+    return run.sampler.sample(prompts, 4, [p.id for p in problems], [p.answer for p in problems])
+
+
+def test_response_mask_stops_after_first_eos():
+    tokens = torch.tensor([[5, 6, 2, 2, 2], [5, 2, 7, 2, 9], [5, 6, 7, 8, 9]])
+    mask, truncated = response_mask_from(tokens, {2})
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+    assert truncated.tolist() == [False, False, True]
+
+
+def test_left_padding_does_not_change_logprobs(run, batch):
+    padded = batch_logprobs(run.policy, batch, size=12)  # [B, T]
+    row = 0  # the shortest prompt: most left padding
+    real = batch.attention_mask[row].bool()
+    ids = batch.input_ids[row][real][None]
+    alone, _ = token_logprobs(
+        run.policy,
+        ids,
+        torch.ones_like(ids),
+        batch.prompt_width - int((~real[: batch.prompt_width]).sum()),
+    )
+    n = int(batch.response_mask[row].sum())
+    assert torch.allclose(padded[row, :n], alone[0, :n], atol=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation):
+    torch.manual_seed(0)
+    advantages = torch.randn(len(batch.texts))
+    ref_logp = batch_logprobs(run.policy, batch, 12) + 0.1 * torch.randn(batch.response_mask.shape)
+    algo = copy.deepcopy(run.cfg.algo)
+    algo.aggregation, algo.beta = aggregation, 0.1
+    objective = Objective.from_config(algo, norm_len=16)
+    grads = []
+    for micro in (12, 5, 1):
+        policy = copy.deepcopy(run.policy)
+        # lr 0: the step leaves the weights alone and the accumulated gradient in .grad.
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
+        metrics = learn(
+            policy, optimizer, objective, batch, advantages, ref_logp, None, 1, micro, 0.0
+        )
+        grads.append((metrics["loss"], torch.cat([p.grad.flatten() for p in policy.parameters()])))
+    (loss, grad), others = grads[0], grads[1:]
+    assert grad.abs().sum() > 0
+    for other_loss, other_grad in others:
+        assert other_loss == pytest.approx(loss, rel=1e-5, abs=1e-7)
+        assert torch.allclose(other_grad, grad, rtol=1e-4, atol=1e-7)

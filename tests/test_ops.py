@@ -1,0 +1,453 @@
+"""Numeric tests of rlcli.ops on hand-worked values (ALGORITHMS.md worked examples)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlcli.ops.advantages import (
+    OUTCOME_ADVANTAGES,
+    SasState,
+    SasTracker,
+    dr_grpo_advantages,
+    gae,
+    grpo_advantages,
+    grpo_process_advantages,
+    ppo_token_rewards,
+    rloo_advantages,
+    sas_advantages,
+)
+from rlcli.ops.policy_loss import (
+    AGGREGATIONS,
+    CLIP_BOUNDS,
+    KL_ESTIMATORS,
+    RATIOS,
+    clipped_surrogate,
+    dpo_loss,
+    explained_variance,
+    overlong_penalty,
+    truncated_is_weights,
+    value_loss,
+)
+
+TOL = 1e-4
+
+
+def close(actual, expected, tol=TOL):
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    return torch.allclose(torch.as_tensor(actual).double(), expected, atol=tol, rtol=0)
+
+
+def aggregate(name, loss, mask, total_tokens, total_seqs, norm_len=4.0):
+    return AGGREGATIONS[name](
+        loss, mask, total_tokens=total_tokens, total_seqs=total_seqs, norm_len=norm_len
+    )
+
+
+# --- worked example 1: token vs sequence ratio -------------------------------------------
+
+
+def test_worked_example_1_token_clip():
+    logp = torch.log(torch.tensor([[2.0, 0.4]]))
+    old = torch.zeros(1, 2)
+    mask = torch.ones(1, 2)
+    ratio = RATIOS["token"](logp, old, mask)
+    lo, hi = CLIP_BOUNDS["symmetric"](old, 0.2, 0.28)
+    loss, low, high, dual = clipped_surrogate(ratio, torch.ones(1, 1), lo, hi)
+    # objective = -loss: min(2.0, 1.2) = 1.2 and min(0.4, 0.8) = 0.4 (A > 0 keeps 0.4)
+    assert close(-loss, [[1.2, 0.4]])
+    assert close(-aggregate("token_mean", loss, mask, 2, 1), 0.8)
+    assert high.tolist() == [[True, False]]
+    assert not low.any() and not dual.any()
+
+
+def test_worked_example_1_gspo_sequence_ratio():
+    logp = torch.log(torch.tensor([[2.0, 0.4]])).requires_grad_()
+    old = torch.zeros(1, 2)
+    mask = torch.ones(1, 2)
+    s = RATIOS["sequence"](logp, old, mask)
+    assert s.shape == (1, 2)
+    assert close(s, [[math.sqrt(0.8)] * 2])
+    assert close(s[0, 0], 0.894, tol=5e-4)
+
+    # with eps 0.2 the sequence ratio 0.894 lies inside [0.8, 1.2]: objective 0.894
+    lo, hi = CLIP_BOUNDS["symmetric"](old, 0.2, 0.2)
+    loss, low, high, _ = clipped_surrogate(s, torch.ones(1, 1), lo, hi)
+    assert close(-aggregate("seq_mean_token_mean", loss, mask, 2, 1), math.sqrt(0.8))
+    assert not low.any() and not high.any()
+
+    # GSPO's own range [1 - 3e-4, 1 + 4e-4]: 0.894 is below it, but for A > 0 the
+    # pessimistic minimum keeps the unclipped 0.894, so the objective and its gradient
+    # are unchanged and no clip is active
+    lo, hi = CLIP_BOUNDS["decoupled"](old, 3e-4, 4e-4)
+    assert (s < lo).all()
+    loss, low, high, _ = clipped_surrogate(s, torch.ones(1, 1), lo, hi)
+    objective = -aggregate("seq_mean_token_mean", loss, mask, 2, 1)
+    assert close(objective, math.sqrt(0.8))
+    assert not low.any() and not high.any()
+    (grad,) = torch.autograd.grad(objective, logp, retain_graph=True)
+    assert close(grad, [[math.sqrt(0.8) / 2] * 2])
+
+    # with A < 0 the same ratio is clipped low: loss = (1 - 3e-4), no gradient
+    loss, low, _, _ = clipped_surrogate(s, -torch.ones(1, 1), lo, hi)
+    assert low.all()
+    assert close(loss, [[1 - 3e-4] * 2], tol=1e-6)
+    (grad,) = torch.autograd.grad(loss.mean(), logp)
+    assert torch.equal(grad, torch.zeros(1, 2))
+
+
+def test_sequence_ratio_uses_mask_and_gspo_token_gradient():
+    logp = torch.tensor([[math.log(2.0), math.log(0.5), 5.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # padded token must not enter s
+    s = RATIOS["sequence"](logp, old, mask)
+    assert close(s, [[1.0, 1.0, 1.0]])
+    (grad,) = torch.autograd.grad(s[0, 0], logp)
+    assert close(grad, [[0.5, 0.5, 0.0]])  # d s / d logp_t = s * mask_t / |o|
+
+    st = RATIOS["sequence_token"](logp, old, mask)
+    assert close(st, s.detach())
+    (grad,) = torch.autograd.grad(st.sum(), logp)
+    assert close(grad, [[1.0, 1.0, 1.0]])  # each token's gradient is s_i * 1
+
+
+def test_empty_row_sequence_ratio_is_one():
+    logp = torch.tensor([[-3.0, -1.0]])
+    ratio = RATIOS["sequence"](logp, torch.zeros(1, 2), torch.zeros(1, 2))
+    assert torch.equal(ratio, torch.ones(1, 2))
+
+
+# --- worked example 2 and clip rules ------------------------------------------------------
+
+
+def test_worked_example_2_bounds_at_q_001():
+    q = 0.01
+    old = torch.full((1, 1), math.log(q))
+    lo, hi = CLIP_BOUNDS["symmetric"](old, 0.2, 99.0)  # eps_high ignored
+    assert close(lo * q, 0.008, 1e-7) and close(hi * q, 0.012, 1e-7)
+    lo, hi = CLIP_BOUNDS["decoupled"](old, 0.2, 0.28)
+    assert close(lo * q, 0.008, 1e-7) and close(hi * q, 0.0128, 1e-7)
+    lo, hi = CLIP_BOUNDS["dcpo"](old, 0.16, 0.2)
+    # 1 - 4*0.16/0.01 < 0 -> lo = 0.5; hi = 0.5 + 0.5*sqrt(81) = 5
+    assert close(lo, 0.5, 1e-6) and close(hi, 5.0, 1e-5)
+    assert close(lo * q, 0.005, 1e-7) and close(hi * q, 0.05, 1e-7)
+
+
+def test_worked_example_2_dcpo_at_q_09():
+    q = 0.9
+    lo, hi = CLIP_BOUNDS["dcpo"](torch.full((1, 1), math.log(q)), 0.16, 0.2)
+    assert close(lo, 0.5 + 0.5 * math.sqrt(1 - 0.64 / 0.9))
+    assert close(hi, 0.5 + 0.5 * math.sqrt(1 + 0.8 / 0.9))
+    # the spec's rounded numbers
+    assert close(lo, 0.769, 5e-4) and close(hi, 1.187, 5e-4)
+    assert close(lo * q, 0.692, 5e-4) and close(hi * q, 1.068, 5e-4)
+
+
+def test_dcpo_hi_capped_at_r_max():
+    old = torch.full((1, 1), math.log(1e-6))  # uncapped hi would be ~447
+    _, hi = CLIP_BOUNDS["dcpo"](old, 0.16, 0.2)
+    assert close(hi, 10.0, 1e-6)
+    _, hi = CLIP_BOUNDS["dcpo"](old, 0.16, 0.2, r_max=100.0)
+    assert close(hi, 100.0, 1e-6)
+
+
+def test_clip_flags_and_dual_clip():
+    ratio = torch.tensor([[0.5, 1.5, 0.5, 1.5, 5.0]])
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0]])
+    lo, hi = CLIP_BOUNDS["symmetric"](torch.zeros(1, 5), 0.2, 0.0)
+    loss, low, high, dual = clipped_surrogate(ratio, adv, lo, hi)
+    assert close(loss, [[-0.5, -1.2, 0.8, 1.5, 5.0]])
+    assert low.tolist() == [[False, False, True, False, False]]
+    assert high.tolist() == [[False, True, False, False, False]]
+    assert not dual.any()
+
+    loss, low, high, dual = clipped_surrogate(ratio, adv, lo, hi, dual_clip=3.0)
+    assert close(loss, [[-0.5, -1.2, 0.8, 1.5, 3.0]])
+    assert dual.tolist() == [[False, False, False, False, True]]
+    assert low.tolist() == [[False, False, True, False, False]]
+
+
+def test_clip_broadcasts_sequence_advantage():
+    ratio = torch.tensor([[1.5, 0.5], [1.5, 0.5]])
+    adv = torch.tensor([[2.0], [-1.0]])  # [B, 1]
+    lo, hi = CLIP_BOUNDS["decoupled"](torch.zeros(2, 2), 0.2, 0.28)
+    loss, low, high, dual = clipped_surrogate(ratio, adv, lo, hi)
+    assert loss.shape == low.shape == high.shape == dual.shape == (2, 2)
+    assert close(loss, [[-2.56, -1.0], [1.5, 0.8]])
+    assert high.tolist() == [[True, False], [False, False]]
+    assert low.tolist() == [[False, False], [False, True]]
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5, -3.0])
+def test_dual_clip_must_exceed_one(c):
+    with pytest.raises(ValueError):
+        clipped_surrogate(
+            torch.ones(1, 1), -torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), c
+        )
+
+
+# --- worked examples 3 and 4 ------------------------------------------------------------
+
+
+def test_worked_example_3_dr_grpo():
+    adv = dr_grpo_advantages(torch.tensor([[1.0, 1.0, -1.0]]))
+    assert close(adv, [[2 / 3, 2 / 3, -4 / 3]])
+
+
+def test_worked_example_4_overlong_penalty():
+    pen = overlong_penalty(torch.tensor([16, 18, 20, 21, 5]), max_len=20, cache_len=4)
+    assert pen.dtype.is_floating_point
+    assert close(pen, [0.0, -0.5, -1.0, -1.0, 0.0])
+
+
+# --- outcome advantages ------------------------------------------------------------------
+
+
+def test_grpo_advantages():
+    adv = grpo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.1, 0.1, 0.1, 0.1]]))
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # Bessel std of (1, 0, 0, 1) is sqrt(1/3)
+    assert close(adv[0], [a, -a, -a, a])
+    assert torch.equal(adv[1], torch.zeros(4))  # constant group: exactly 0
+
+
+@pytest.mark.parametrize("name", sorted(OUTCOME_ADVANTAGES))
+def test_constant_group_exactly_zero(name):
+    # in float32, mean(0.9 x 16) != 0.9: without an explicit check GRPO would give ~0.056
+    # (0.9 is a DUPO reward: 0.9 answer + 0.1 format with the format wrong)
+    rewards = torch.tensor([[0.9] * 16, [0.3] * 16])
+    assert torch.equal(OUTCOME_ADVANTAGES[name](rewards), torch.zeros(2, 16))
+
+
+def test_rloo_advantages():
+    adv = rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    assert close(adv, [[1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3]])
+    with pytest.raises(ValueError):
+        rloo_advantages(torch.tensor([[1.0]]))
+
+
+# --- KL ----------------------------------------------------------------------------------
+
+
+def test_kl_estimators():
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -2.0]])
+    assert close(KL_ESTIMATORS["k1"](logp, ref), [[0.5, 0.0]])
+    assert close(KL_ESTIMATORS["k2"](logp, ref), [[0.125, 0.0]])
+    assert close(KL_ESTIMATORS["k3"](logp, ref), [[math.exp(-0.5) + 0.5 - 1, 0.0]])
+    assert KL_ESTIMATORS["k3"](logp, ref)[0, 1] == 0.0
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(50, 7, generator=gen), torch.randn(50, 7, generator=gen)
+    assert (KL_ESTIMATORS["k3"](a, b) >= 0).all()
+    assert torch.equal(KL_ESTIMATORS["k3"](a, a), torch.zeros(50, 7))
+
+
+# --- aggregation -------------------------------------------------------------------------
+
+LOSS = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("token_mean", (1 + 2 + 3 + 5) / 4),  # all tokens / 4 tokens
+        ("seq_mean_token_mean", ((1 + 2 + 3) / 3 + 5 / 1) / 2),  # 2 non-empty responses
+        ("seq_mean_token_sum_norm", ((1 + 2 + 3) / 4 + 5 / 4) / 2),  # L = 4
+        ("seq_sum_token_mean", (1 + 2 + 3) / 3 + 5 / 1),  # no mean over responses
+    ],
+)
+def test_aggregation_denominators(name, expected):
+    # third row has no loss tokens: it adds 0 and must not produce NaN
+    value = aggregate(name, LOSS, MASK, total_tokens=4.0, total_seqs=2.0, norm_len=4.0)
+    assert close(value, expected)
+
+
+@pytest.mark.parametrize("name", sorted(AGGREGATIONS))
+@pytest.mark.parametrize("splits", [[2, 2, 2], [1, 5], [3, 3]])
+def test_aggregation_micro_batches_match_big_batch(name, splits):
+    gen = torch.Generator().manual_seed(1)
+    loss = torch.randn(6, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([8, 1, 5, 0, 3, 7])
+    mask = (torch.arange(8) < lengths[:, None]).double()
+    counts = dict(total_tokens=float(mask.sum()), total_seqs=6.0, norm_len=8.0)
+
+    big = AGGREGATIONS[name](loss, mask, **counts)
+    (big_grad,) = torch.autograd.grad(big, loss)
+
+    micro_sum = 0.0
+    for rows, mask_rows in zip(loss.split(splits), mask.split(splits), strict=True):
+        micro_sum = micro_sum + AGGREGATIONS[name](rows, mask_rows, **counts)
+    (micro_grad,) = torch.autograd.grad(micro_sum, loss)
+
+    assert torch.isfinite(big)
+    assert torch.allclose(micro_sum, big, atol=1e-12)
+    assert torch.allclose(micro_grad, big_grad, atol=1e-12)
+
+
+def test_per_micro_batch_denominator_would_differ():
+    # guards the test above: normalising each micro-batch by its own tokens is wrong
+    loss, mask = LOSS[:2], MASK[:2]
+    right = aggregate("token_mean", loss, mask, total_tokens=4.0, total_seqs=2.0)
+    pairs = zip(loss, mask, strict=True)
+    wrong = sum(aggregate("token_mean", row, m, float(m.sum()), 1.0) for row, m in pairs)
+    assert not close(wrong / 2, right)
+
+
+# --- GAE and PPO rewards -----------------------------------------------------------------
+
+
+def test_ppo_token_rewards():
+    k1 = torch.tensor([[0.1, 0.2, 0.3], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    rewards = ppo_token_rewards(k1, mask, torch.tensor([2.0, -1.0, 5.0]), beta=0.1)
+    expected = [[-0.01, -0.02 + 2.0, 0.0], [-0.05, -0.05, -0.05 - 1.0], [0.0, 0.0, 0.0]]
+    assert close(rewards, expected)
+
+
+def test_gae_hand_computed():
+    gamma, lam = 0.9, 0.8
+    rewards = torch.tensor([[0.0, 1.0, 9.0], [1.0, 0.0, 2.0]])
+    values = torch.tensor([[0.5, 0.2, 7.0], [1.0, 2.0, 3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv, ret = gae(rewards, values, mask, gamma, lam)
+
+    # row 0: the padded token (reward 9, value 7) is ignored; V after t=1 is 0
+    a01 = 1.0 + gamma * 0.0 - 0.2
+    a00 = (0.0 + gamma * 0.2 - 0.5) + gamma * lam * a01
+    # row 1: full length
+    a12 = 2.0 + 0.0 - 3.0
+    a11 = (0.0 + gamma * 3.0 - 2.0) + gamma * lam * a12
+    a10 = (1.0 + gamma * 2.0 - 1.0) + gamma * lam * a11
+    assert close(adv, [[a00, a01, 0.0], [a10, a11, a12]])
+    assert close(ret, [[a00 + 0.5, a01 + 0.2, 0.0], [a10 + 1.0, a11 + 2.0, a12 + 3.0]])
+    assert close(adv[1], [1.7856, -0.02, -1.0])
+
+
+# --- DCPO SAS ----------------------------------------------------------------------------
+
+
+def _pop_stats(xs):
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+
+
+def test_sas_three_visits_hand_computed():
+    visits = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]
+    state, seen = None, []
+    for i, rewards in enumerate(visits, start=1):
+        adv, state = sas_advantages(torch.tensor(rewards), state)
+        seen += rewards
+        mu_new, sd_new = _pop_stats(rewards)
+        mu_tot, sd_tot = _pop_stats(seen)  # directly over every reward so far
+        expected = []
+        for r in rewards:
+            a_new, a_tot = (r - mu_new) / sd_new, (r - mu_tot) / sd_tot
+            sa_new = (i - 1) / i * a_new + a_tot / i
+            sa_tot = a_new / i + (i - 1) / i * a_tot
+            expected.append(sa_new if abs(sa_new) < abs(sa_tot) else sa_tot)
+        assert close(adv, expected), i
+        assert state.count == i
+        assert math.isclose(state.mean, mu_tot) and math.isclose(state.var, sd_tot**2)
+
+    # third visit by hand: sigma_new = sqrt(3)/4, mu_tot = 0.5, sigma_tot = 0.5
+    s3 = math.sqrt(3) / 4
+    correct = 2 / 3 * (0.25 / s3) + 1 / 3 * 1.0  # SA_new is smaller here
+    wrong = 1 / 3 * (-0.75 / s3) + 2 / 3 * -1.0  # SA_total is smaller here
+    assert close(adv, [correct, correct, correct, wrong])
+
+
+def test_sas_constant_groups():
+    # constant rewards at every visit: every term has sigma 0 -> exactly 0
+    state = None
+    for _ in range(3):
+        adv, state = sas_advantages(torch.tensor([0.1, 0.1, 0.1]), state)
+        assert torch.equal(adv, torch.zeros(3))
+    # a constant visit after a varied one keeps a signal through A_total
+    _, state = sas_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), None)
+    adv, _ = sas_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0]), state)
+    mu, sd = _pop_stats([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    assert close(adv, [0.5 * (1.0 - mu) / sd] * 4)
+
+
+def test_sas_tracker_state_dict_round_trip():
+    first = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    second = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    tracker = SasTracker()
+    tracker(["a", "b"], first)
+    saved = json.loads(json.dumps(tracker.state_dict()))
+    expected = tracker(["a", "b"], second)
+
+    resumed = SasTracker()
+    resumed.load_state_dict(saved)
+    assert resumed.states["a"] == SasState(1, 0.25, 0.1875)
+    assert torch.equal(resumed(["a", "b"], second), expected)
+    assert resumed.state_dict() == tracker.state_dict()
+
+
+# --- process supervision ----------------------------------------------------------------
+
+
+def test_grpo_process_hand_example():
+    step_end = torch.tensor([[False, True, False, True], [False, False, True, False]])
+    step_rewards = torch.tensor([[7.0, 1.0, 7.0, 0.0], [7.0, 7.0, 0.2, 7.0]])  # 7 = ignored
+    adv = grpo_process_advantages(step_rewards, step_end)
+    mean = (1.0 + 0.0 + 0.2) / 3
+    std = math.sqrt(((1.0 - mean) ** 2 + mean**2 + (0.2 - mean) ** 2) / 2) + 1e-6
+    n1, n0, n2 = (1.0 - mean) / std, (0.0 - mean) / std, (0.2 - mean) / std
+    assert close(adv, [[n1 + n0, n1 + n0, n0, n0], [n2, n2, n2, 0.0]])
+
+
+def test_grpo_process_degenerate_groups():
+    step_end = torch.tensor([[True, False, True]])
+    assert torch.equal(
+        grpo_process_advantages(torch.tensor([[0.5, 9.0, 0.5]]), step_end), torch.zeros(1, 3)
+    )
+    no_steps = torch.zeros(1, 3, dtype=torch.bool)
+    assert torch.equal(grpo_process_advantages(torch.ones(1, 3), no_steps), torch.zeros(1, 3))
+
+
+# --- value loss, IS weights, DPO, explained variance -------------------------------------
+
+
+def test_value_loss_clipping():
+    values = torch.tensor([[1.0, 1.0, 0.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    returns = torch.tensor([[1.0, -1.0, 0.5]])
+    loss, clipped = value_loss(values, old, returns, clip=0.2)
+    # t0: max(0, (0.2-1)^2) ; t1: max((1+1)^2, (0.2+1)^2) ; t2: both 0.25
+    assert close(loss, [[0.5 * 0.64, 0.5 * 4.0, 0.5 * 0.25]])
+    assert clipped.tolist() == [[True, False, False]]
+    (grad,) = torch.autograd.grad(loss.sum(), values)
+    assert close(grad, [[0.0, 2.0, -0.5]])  # clipped term has no gradient in V
+
+
+def test_truncated_is_weights():
+    old = torch.tensor([[0.0, math.log(1.5), math.log(3.0)]], requires_grad=True)
+    w = truncated_is_weights(old, torch.zeros(1, 3), cap=2.0)
+    assert close(w, [[1.0, 1.5, 2.0]])
+    assert not w.requires_grad
+
+
+def test_dpo_loss_value_and_gradient_sign():
+    chosen = torch.tensor([-1.0], requires_grad=True)
+    rejected = torch.tensor([-3.0], requires_grad=True)
+    loss, r_w, r_l = dpo_loss(chosen, rejected, torch.tensor([-2.0]), torch.tensor([-2.0]), 0.1)
+    assert close(r_w, [0.1]) and close(r_l, [-0.1])
+    assert close(loss, [math.log(1 + math.exp(-0.2))])
+    g_w, g_l = torch.autograd.grad(loss.sum(), (chosen, rejected))
+    sigmoid_neg = 1 / (1 + math.exp(0.2))
+    assert g_w.item() < 0 and g_l.item() > 0  # raising chosen logp lowers the loss
+    assert close(g_w, [-0.1 * sigmoid_neg]) and close(g_l, [0.1 * sigmoid_neg])
+
+
+def test_explained_variance():
+    returns = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert close(explained_variance(returns, returns, mask), 1.0)
+    assert close(explained_variance(torch.zeros(1, 4), returns, mask), 0.0)
+    values = torch.tensor([[1.0, 2.0, 4.0, 0.0]])
+    # R - V = (0, 0, -1): var 2/9; var R over 1,2,3 = 2/3
+    assert close(explained_variance(values, returns, mask), 1 - (2 / 9) / (2 / 3))
+    assert torch.isnan(explained_variance(values, torch.ones(1, 4), mask))
