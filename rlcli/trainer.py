@@ -153,8 +153,8 @@ def train(cfg: Config, run_dir: Path) -> Path:
     t = cfg.trainer
     run_dir.mkdir(parents=True, exist_ok=True)
     run = setup(cfg)
-    log = MetricsLog(run_dir, t.max_steps, cfg.logger.progress)
     print(f"rlcli: training {run.model_path} on {run.device}; writing to {run_dir}")
+    log = MetricsLog(run_dir, t.max_steps, cfg.logger.progress)
     for step in range(1, t.max_steps + 1):
         metrics = {"step": step, **train_step(run)}
         sample = metrics.pop("_sample")
