@@ -34,9 +34,28 @@ class AlgoConfig:
     dual_clip: float | None = None
     kl: str = "k3"
     beta: float = 0.04
+    kl_in: str = "loss"
+    kl_target: float | None = None
+    kl_horizon: int = 10000
     entropy_coef: float = 0.0
     aggregation: str = "seq_mean_token_mean"
     norm_len: int | None = None
+    # batch shaping (DAPO, DUPO)
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 3
+    overlong_filter: bool = False
+    overlong_cache_len: int = 0
+    dupo_fill: bool = False
+    # PPO critic and pretraining mix
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    vf_coef: float = 0.1
+    value_clip: float = 0.2
+    critic_path: str | None = None
+    critic_lr: float | None = None
+    ptx_coef: float = 0.0
+    ptx_path: str | None = None
 
 
 @dataclass
@@ -120,12 +139,13 @@ class Config:
 
 def _choices() -> dict[str, list[str]]:
     """Allowed values of the string fields that pick a piece, read from the registries."""
-    from rlcli.ops.advantages import OUTCOME_ADVANTAGES
+    from rlcli.advantage import ADVANTAGES
     from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
     from rlcli.rewards import REWARDS
 
     return {
-        "algo.advantage": sorted(OUTCOME_ADVANTAGES),
+        "algo.advantage": sorted(ADVANTAGES),
+        "algo.kl_in": ["loss", "reward"],
         "algo.ratio": sorted(RATIOS),
         "algo.clip": sorted(CLIP_BOUNDS),
         "algo.kl": sorted(KL_ESTIMATORS),
@@ -154,7 +174,7 @@ def _check_ranges(cfg: Config) -> None:
             raise ConfigError(f"{key}={value} is not allowed: it must be a whole number >= 1.")
     if t.lr <= 0:
         raise ConfigError(f"trainer.lr={t.lr} is not allowed: the learning rate must be > 0.")
-    if cfg.algo.advantage in ("grpo", "dr_grpo", "rloo") and t.group_size < 2:
+    if cfg.algo.advantage in ("grpo", "dr_grpo", "rloo", "dcpo_sas") and t.group_size < 2:
         raise ConfigError(
             f"trainer.group_size={t.group_size} is too small for algo.advantage="
             f"{cfg.algo.advantage}: group-normalised advantages compare responses to the same "
@@ -174,8 +194,27 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("data=jsonl needs data.path=<file.jsonl>: the training file to read.")
     if cfg.model.source == "hub" and not cfg.model.path:
         raise ConfigError("model.source=hub needs model.path=<local dir or hub id>.")
-    if cfg.algo.dual_clip is not None and cfg.algo.dual_clip <= 1:
-        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip} is not allowed: it must be > 1.")
+    a = cfg.algo
+    if a.dual_clip is not None and a.dual_clip <= 1:
+        raise ConfigError(f"algo.dual_clip={a.dual_clip} is not allowed: it must be > 1.")
+    if a.overlong_cache_len >= s.max_new_tokens:
+        raise ConfigError(
+            f"algo.overlong_cache_len={a.overlong_cache_len} must be smaller than "
+            f"sampler.max_new_tokens={s.max_new_tokens} (the punishment ramps over the last "
+            "overlong_cache_len tokens before the limit)."
+        )
+    if a.ptx_coef > 0 and not a.ptx_path:
+        raise ConfigError(
+            f"algo.ptx_coef={a.ptx_coef} needs algo.ptx_path=<text or jsonl file> of "
+            "pretraining text for the PPO-ptx language-model loss."
+        )
+    if a.dynamic_sampling and a.dupo_fill:
+        raise ConfigError(
+            "algo.dynamic_sampling=true and algo.dupo_fill=true both replace zero-signal groups; "
+            "choose one (DAPO re-samples, DUPO duplicates)."
+        )
+    if a.max_gen_batches < 1:
+        raise ConfigError(f"algo.max_gen_batches={a.max_gen_batches} must be >= 1.")
 
 
 def validate(raw: DictConfig) -> Config:

@@ -42,7 +42,8 @@ class Objective:
         return cls(
             ratio=RATIOS[algo.ratio],
             bounds=partial(CLIP_BOUNDS[algo.clip], eps_low=algo.eps_low, eps_high=algo.eps_high),
-            kl=KL_ESTIMATORS[algo.kl] if algo.beta > 0 else None,
+            # KL in the reward (PPO) is applied to the rewards, not here.
+            kl=KL_ESTIMATORS[algo.kl] if algo.beta > 0 and algo.kl_in == "loss" else None,
             aggregate=partial(AGGREGATIONS[algo.aggregation], norm_len=norm_len),
             beta=algo.beta,
             dual_clip=algo.dual_clip,
@@ -161,8 +162,12 @@ def learn(
     micro_batch_size: int,
     max_grad_norm: float,
     scheduler=None,
+    aux_loss: Callable[[], Tensor] | None = None,
 ) -> dict[str, float]:
-    """Optimiser steps over `batch` (one per mini-batch); diagnostics averaged over tokens."""
+    """Optimiser steps over `batch` (one per mini-batch); diagnostics averaged over tokens.
+
+    `aux_loss`, when given, is added once per optimiser step (PPO-ptx's language-model loss).
+    """
     n = len(batch.texts)
     device = batch.input_ids.device
     totals: dict[str, float] = {}
@@ -186,6 +191,10 @@ def learn(
             step_loss += loss.item()
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
+        if aux_loss is not None:
+            extra = aux_loss()
+            extra.backward()
+            totals["aux_loss_sum"] = totals.get("aux_loss_sum", 0.0) + extra.item()
         limit = max_grad_norm if max_grad_norm > 0 else float("inf")
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit)))
         optimizer.step()
@@ -193,8 +202,22 @@ def learn(
             scheduler.step()
         losses.append(step_loss)
     tokens = float(batch.response_mask.sum())
+    aux = totals.pop("aux_loss_sum", None)
     metrics = {key: value / max(tokens, 1.0) for key, value in totals.items()}
+    if aux is not None:
+        metrics["ptx/loss"] = aux / mini_batches
     metrics["clip/frac"] = metrics["clip/low"] + metrics["clip/high"] + metrics["clip/dual"]
     metrics["loss"] = sum(losses) / len(losses)
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
     return metrics
+
+
+def lm_loss(model, tokenizer, texts: list[str], max_length: int = 256) -> Tensor:
+    """Mean next-token cross-entropy on plain text (PPO-ptx's pretraining term)."""
+    tokenizer.padding_side = "right"
+    enc = tokenizer(
+        texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length
+    )
+    enc = enc.to(model.device)
+    labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
+    return model(**enc, labels=labels, use_cache=False).loss

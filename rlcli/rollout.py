@@ -91,3 +91,60 @@ class HFSampler:
             prompt_ids=[p for p in prompt_ids for _ in range(group_size)],
             answers=[a for a in answers for _ in range(group_size)],
         )
+
+
+def _pad_to(x: Tensor, width: int, value: int, left: bool) -> Tensor:
+    pad = width - x.shape[1]
+    if pad == 0:
+        return x
+    filler = torch.full((x.shape[0], pad), value, dtype=x.dtype, device=x.device)
+    return torch.cat([filler, x] if left else [x, filler], 1)
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Join rollouts sampled separately, re-padding prompts (left) and responses (right)."""
+    if len(parts) == 1:
+        return parts[0]
+    p = max(r.prompt_width for r in parts)
+    t = max(r.response_mask.shape[1] for r in parts)
+
+    def join(get, prompt_value, response_value):
+        return torch.cat(
+            [
+                torch.cat(
+                    [
+                        _pad_to(get(r)[:, : r.prompt_width], p, prompt_value, left=True),
+                        _pad_to(get(r)[:, r.prompt_width :], t, response_value, left=False),
+                    ],
+                    1,
+                )
+                for r in parts
+            ]
+        )
+
+    return Rollout(
+        input_ids=join(lambda r: r.input_ids, pad_id, pad_id),
+        attention_mask=join(lambda r: r.attention_mask, 0, 0),
+        response_mask=torch.cat([_pad_to(r.response_mask, t, 0, left=False) for r in parts]),
+        prompt_width=p,
+        texts=[x for r in parts for x in r.texts],
+        truncated=torch.cat([r.truncated for r in parts]),
+        prompt_ids=[x for r in parts for x in r.prompt_ids],
+        answers=[x for r in parts for x in r.answers],
+    )
+
+
+def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
+    """The responses at `rows`, in that order (repeats allowed: DUPO duplicates groups)."""
+    index = torch.tensor(rows, dtype=torch.long)
+    dev = index.to(batch.input_ids.device)
+    return Rollout(
+        input_ids=batch.input_ids[dev],
+        attention_mask=batch.attention_mask[dev],
+        response_mask=batch.response_mask[dev],
+        prompt_width=batch.prompt_width,
+        texts=[batch.texts[i] for i in rows],
+        truncated=batch.truncated[index],
+        prompt_ids=[batch.prompt_ids[i] for i in rows],
+        answers=[batch.answers[i] for i in rows],
+    )

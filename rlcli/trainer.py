@@ -1,13 +1,16 @@
-"""The training loop: sample a group per prompt, score, compute advantages, update, log.
+"""The training loop: sample a group per prompt, score, shape the batch, compute advantages,
+update, log.
 
 Reads top to bottom: `setup` builds everything a run needs (data, models, sampler,
-objective, optimiser); `train_step` does one step, sample -> reward -> advantages ->
-reference/old log-probs -> learn; `train` loops, logs and checkpoints. The math lives in
-`rlcli.ops` and `rlcli.learner.policy_objective`.
+objective, optimisers); `train_step` does one step, sample and score -> shape ->
+reference/old log-probs -> advantages -> learn; `train` loops, logs and checkpoints. The
+math lives in `rlcli.ops`, `rlcli.learner.policy_objective` and `rlcli.critic`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 import time
 from dataclasses import dataclass
@@ -16,15 +19,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlcli.advantage import OUTCOME
 from rlcli.checkpoint import save_checkpoint
-from rlcli.config import Config
-from rlcli.data import PromptStream, load_splits, render_prompt
-from rlcli.learner import Objective, batch_logprobs, learn
+from rlcli.config import Config, ConfigError
+from rlcli.critic import batch_values, gae_advantages, learn_critic, load_critic
+from rlcli.data import Problem, PromptStream, load_splits, render_prompt
+from rlcli.learner import Objective, batch_logprobs, learn, lm_loss
 from rlcli.metrics import MetricsLog
 from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
-from rlcli.ops.advantages import OUTCOME_ADVANTAGES
+from rlcli.ops.advantages import SasTracker
+from rlcli.ops.policy_loss import overlong_penalty
 from rlcli.rewards import REWARDS
-from rlcli.rollout import HFSampler
+from rlcli.rollout import HFSampler, Rollout, concat_rollouts, select_rows
+from rlcli.shaping import dupo_fill, group_rows, informative_groups
 
 
 def seed_everything(seed: int) -> None:
@@ -43,11 +50,29 @@ class Run:
     tokenizer: object
     policy: torch.nn.Module
     reference: torch.nn.Module | None  # None when beta = 0
+    critic: torch.nn.Module | None  # PPO only (algo.advantage=gae)
+    critic_optimizer: torch.optim.Optimizer | None
     sampler: HFSampler
     objective: Objective
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     prompts: PromptStream
+    sas: SasTracker  # DCPO's per-prompt state (empty for other estimators)
+    beta: float  # KL coefficient; moves when algo.kl_target is set (adaptive controller)
+    ptx_texts: list[str]
+    rng: random.Random  # DUPO's choice of groups to duplicate, ptx batches
+
+
+def read_texts(path: str) -> list[str]:
+    """Pretraining text for PPO-ptx: a .jsonl file's `text` fields, or one text per line."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"algo.ptx_path={path}: no such file.")
+    lines = [line for line in file.read_text().splitlines() if line.strip()]
+    texts = [json.loads(line)["text"] for line in lines] if file.suffix == ".jsonl" else lines
+    if not texts:
+        raise ConfigError(f"algo.ptx_path={path} holds no text.")
+    return texts
 
 
 def setup(cfg: Config) -> Run:
@@ -56,6 +81,7 @@ def setup(cfg: Config) -> Run:
     device = pick_device(t.device)
     # Data first: a bad data file should fail before minutes of model loading.
     train_set, _test_set = load_splits(cfg.data)
+    ptx_texts = read_texts(algo.ptx_path) if algo.ptx_coef > 0 else []
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
     policy = load_causal_lm(model_path, t.dtype, device)
@@ -64,6 +90,11 @@ def setup(cfg: Config) -> Run:
         policy.train()  # transformers only checkpoints in training mode; Llama has no dropout
     # beta = 0 means no KL term, so no reference model is loaded at all.
     reference = load_causal_lm(model_path, t.dtype, device, trainable=False) if algo.beta else None
+    critic = critic_optimizer = None
+    if algo.advantage == "gae":
+        path = algo.critic_path or model_path
+        critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
     s = cfg.sampler
     sampler = HFSampler(policy, tokenizer, s.temperature, s.top_p, s.max_new_tokens)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
@@ -78,70 +109,177 @@ def setup(cfg: Config) -> Run:
         tokenizer=tokenizer,
         policy=policy,
         reference=reference,
+        critic=critic,
+        critic_optimizer=critic_optimizer,
         sampler=sampler,
         objective=Objective.from_config(algo, norm_len=algo.norm_len or s.max_new_tokens),
         optimizer=optimizer,
         scheduler=scheduler,
         prompts=PromptStream(train_set, t.seed),
+        sas=SasTracker(),
+        beta=algo.beta,
+        ptx_texts=ptx_texts,
+        rng=random.Random(t.seed),
     )
+
+
+def sample_and_score(run: Run, problems: list[Problem]) -> tuple[Rollout, torch.Tensor, dict]:
+    """Sample a group per problem and score every response (reward + overlong punishment)."""
+    cfg = run.cfg
+    prompts = [render_prompt(run.tokenizer, p.question, cfg.data.system_prompt) for p in problems]
+    batch = run.sampler.sample(
+        prompts, cfg.trainer.group_size, [p.id for p in problems], [p.answer for p in problems]
+    )
+    scores = torch.tensor(REWARDS[cfg.reward.name](batch.texts, batch.answers)).float()
+    info = {"score": scores.mean().item()}
+    if cfg.algo.overlong_cache_len:
+        # DAPO soft overlong punishment, with L_max = the sampler's token limit.
+        penalty = overlong_penalty(
+            batch.lengths.cpu(), cfg.sampler.max_new_tokens, cfg.algo.overlong_cache_len
+        )
+        scores = scores + penalty
+        info["overlong_penalty"] = penalty.mean().item()
+    return batch, scores, info
+
+
+def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
+    """The step's batch of prompts_per_step groups, shaped as the algorithm asks.
+
+    DAPO dynamic sampling keeps only groups whose rewards differ and samples more prompts
+    until the batch is full (at most `max_gen_batches` generation rounds); DUPO replaces
+    zero-signal groups by duplicates of informative ones; otherwise the batch is as sampled.
+    """
+    t, algo = run.cfg.trainer, run.cfg.algo
+    P, G = t.prompts_per_step, t.group_size
+    parts, kept_scores, sampled_groups, equal_groups = [], [], 0, 0
+    rounds = algo.max_gen_batches if algo.dynamic_sampling else 1
+    for _ in range(rounds):
+        batch, scores, info = sample_and_score(run, run.prompts.take(P))
+        informative = informative_groups(scores.view(P, G))
+        sampled_groups += P
+        equal_groups += int((~informative).sum())
+        if not algo.dynamic_sampling:
+            break
+        keep = informative.nonzero().flatten().tolist()
+        parts.append(select_rows(batch, group_rows(keep, G)))
+        kept_scores.append(scores.view(P, G)[keep].flatten())
+        if sum(len(p.texts) for p in parts) >= P * G:
+            batch = concat_rollouts(parts, run.tokenizer.pad_token_id)
+            batch = select_rows(batch, list(range(P * G)))
+            scores = torch.cat(kept_scores)[: P * G]
+            break
+    else:
+        found = sum(len(p.texts) for p in parts) // G
+        raise ConfigError(
+            f"DAPO dynamic sampling found only {found} of {P} groups with differing rewards "
+            f"after algo.max_gen_batches={algo.max_gen_batches} generation rounds: almost every "
+            "group is all right or all wrong. Raise algo.max_gen_batches, use an easier or "
+            "harder dataset, or turn it off with algo.dynamic_sampling=false."
+        )
+    metrics = {
+        "reward/score_mean": info["score"],
+        "batch/groups_all_equal": equal_groups / sampled_groups,
+        "batch/gen_batches": float(sampled_groups // P),
+    }
+    if "overlong_penalty" in info:
+        metrics["reward/overlong_penalty_mean"] = info["overlong_penalty"]
+    if algo.dupo_fill:
+        slots = dupo_fill(informative_groups(scores.view(P, G)).tolist(), run.rng)
+        metrics["batch/duplicated_groups"] = float(sum(g != i for i, g in enumerate(slots)))
+        rows = group_rows(slots, G)
+        batch, scores = select_rows(batch, rows), scores[rows]
+    return batch, scores, metrics
 
 
 def train_step(run: Run) -> dict[str, float]:
     """One step: sample, score, update. Returns the step's metrics (times in seconds)."""
-    cfg, t = run.cfg, run.cfg.trainer
+    t, algo = run.cfg.trainer, run.cfg.algo
     start = time.perf_counter()
-    problems = run.prompts.take(t.prompts_per_step)
-    prompts = [render_prompt(run.tokenizer, p.question, cfg.data.system_prompt) for p in problems]
-    batch = run.sampler.sample(
-        prompts, t.group_size, [p.id for p in problems], [p.answer for p in problems]
-    )
+    batch, scores, metrics = collect_batch(run)
     sampled = time.perf_counter()
 
-    rewards = torch.tensor(REWARDS[cfg.reward.name](batch.texts, batch.answers))
-    groups = rewards.float().view(t.prompts_per_step, t.group_size)
-    advantages = OUTCOME_ADVANTAGES[cfg.algo.advantage](groups).view(-1).to(run.device)
-    scored = time.perf_counter()
+    lengths = batch.lengths.float()
+    if algo.overlong_filter:
+        # DAPO overlong filtering: truncated responses stay in the batch but out of the loss.
+        keep = (~batch.truncated).to(batch.response_mask)[:, None]
+        batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
 
     mbs = t.micro_batch_size
     ref_logp = batch_logprobs(run.reference, batch, mbs) if run.reference else None
     # With one update per batch the sampling policy is the current one, so its log-probs
-    # equal the learner's own (detached); only several updates need them stored up front.
-    several_updates = t.mini_batches * t.epochs > 1
-    old_logp = batch_logprobs(run.policy, batch, mbs) if several_updates else None
+    # equal the learner's own (detached); they are stored up front only when several updates
+    # follow or the KL goes into the reward.
+    kl_in_reward = algo.kl_in == "reward" and ref_logp is not None
+    need_old = t.mini_batches * t.epochs > 1 or kl_in_reward or run.critic is not None
+    old_logp = batch_logprobs(run.policy, batch, mbs) if need_old else None
+    kl_k1 = None
+    if kl_in_reward:
+        kl_k1 = (old_logp - ref_logp) * batch.response_mask
+        metrics["kl"] = (kl_k1.sum() / batch.response_mask.sum().clamp(min=1)).item()
     logprobs_done = time.perf_counter()
+
+    if run.critic is not None:
+        old_values = batch_values(run.critic, batch, mbs)
+        advantages, returns = gae_advantages(
+            scores.to(run.device), old_logp, ref_logp if kl_in_reward else None,
+            old_values, batch.response_mask, run.beta, algo.gamma, algo.lam,
+            algo.whiten_advantages,
+        )  # fmt: skip
+    else:
+        rewards = scores.clone()
+        if kl_k1 is not None:
+            rewards -= run.beta * kl_k1.sum(-1).cpu()  # KL as a sequence-level reward penalty
+        groups = rewards.view(t.prompts_per_step, t.group_size)
+        ids = batch.prompt_ids[:: t.group_size]
+        advantages = OUTCOME[algo.advantage](groups, ids, run.sas).flatten().to(run.device)
+    responses_with_signal = (advantages.abs().reshape(len(batch.texts), -1).amax(-1) > 0).float()
+    scored = time.perf_counter()
+
+    objective = dataclasses.replace(run.objective, beta=run.beta)
+    ptx = None
+    if algo.ptx_coef > 0:
+
+        def ptx():  # noqa: E306 - PPO-ptx: gamma_ptx * LM loss on a batch of pretraining text
+            texts = run.rng.sample(run.ptx_texts, min(mbs, len(run.ptx_texts)))
+            return algo.ptx_coef * lm_loss(run.policy, run.tokenizer, texts)
 
     epochs = [
         learn(
-            run.policy,
-            run.optimizer,
-            run.objective,
-            batch,
-            advantages,
-            ref_logp,
-            old_logp,
-            t.mini_batches,
-            mbs,
-            t.max_grad_norm,
-            run.scheduler,
+            run.policy, run.optimizer, objective, batch, advantages, ref_logp, old_logp,
+            t.mini_batches, mbs, t.max_grad_norm, run.scheduler, aux_loss=ptx,
         )
         for _ in range(t.epochs)
-    ]
+    ]  # fmt: skip
+    if run.critic is not None:
+        for _ in range(t.epochs):
+            metrics.update(
+                learn_critic(
+                    run.critic, run.critic_optimizer, batch, old_values, returns,
+                    algo.value_clip, algo.vf_coef, mbs, t.max_grad_norm,
+                )
+            )  # fmt: skip
     learned = time.perf_counter()
 
-    lengths = batch.lengths.float()
+    kl_now = epochs[-1].get("kl", metrics.get("kl"))
+    if algo.kl_target and kl_now is not None:
+        # Adaptive KL controller (Ziegler et al. 2019): move beta towards the target KL.
+        error = max(-0.2, min(0.2, kl_now / algo.kl_target - 1))
+        run.beta *= 1 + error * len(batch.texts) / algo.kl_horizon
     return {
-        "reward/mean": groups.mean().item(),
-        "reward/std": groups.std().item(),
-        "reward/groups_all_equal": (groups.std(-1) == 0).float().mean().item(),
+        "reward/mean": scores.mean().item(),
+        "reward/std": scores.std().item(),
+        **metrics,
+        "batch/response_utilisation": responses_with_signal.mean().item(),
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/truncated_frac": batch.truncated.float().mean().item(),
         **{key: sum(m[key] for m in epochs) / len(epochs) for key in epochs[0]},
+        "kl/beta": run.beta,
         "lr": run.scheduler.get_last_lr()[0],
         "time/sample": sampled - start,
-        "time/reward": scored - sampled,
-        "time/logprobs": logprobs_done - scored,
-        "time/learn": learned - logprobs_done,
+        "time/logprobs": logprobs_done - sampled,
+        "time/advantages": scored - logprobs_done,
+        "time/learn": learned - scored,
         "time/step": learned - start,
         "throughput/tokens_per_s": lengths.sum().item() / (learned - start),
         "_sample": batch.texts[0],
@@ -162,8 +300,14 @@ def train(cfg: Config, run_dir: Path) -> Path:
         if cfg.logger.sample_every and step % cfg.logger.sample_every == 0:
             log.bar.write(f"[step {step}] {sample!r}")
         if step == t.max_steps or (t.save_every and step % t.save_every == 0):
-            state = {"data_position": run.prompts.position}
+            state = {
+                "data_position": run.prompts.position,
+                "beta": run.beta,
+                "sas": run.sas.state_dict(),
+            }
             save_checkpoint(run_dir, step, run.policy, run.tokenizer, run.optimizer, state)
+            if run.critic is not None:
+                run.critic.save_pretrained(run_dir / "checkpoints" / f"step_{step}" / "critic")
     log.close()
     print(f"rlcli: metrics in {log.path}")
     print(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")

@@ -1,0 +1,150 @@
+"""Batch shaping on real rollouts of the tiny model: DAPO dynamic sampling and overlong
+filtering, DUPO fill, re-padding when rollouts are joined, and DCPO state in checkpoints."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from rlcli.config import ConfigError, compose
+from rlcli.learner import batch_logprobs
+from rlcli.rewards import REWARDS
+from rlcli.rollout import concat_rollouts, select_rows
+from rlcli.shaping import dupo_fill, group_rows, informative_groups
+from rlcli.trainer import collect_batch, setup, train, train_step
+
+
+def test_informative_groups_and_dupo_fill():
+    rewards = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.2]])
+    informative = informative_groups(rewards).tolist()
+    assert informative == [False, True, False, True]
+    slots = dupo_fill(informative, random.Random(0))
+    assert len(slots) == 4 and slots[1] == 1 and slots[3] == 3
+    assert slots[0] in (1, 3) and slots[2] in (1, 3)
+    assert dupo_fill([False, False], random.Random(0)) == [0, 1]
+    assert group_rows([2, 0], 3) == [6, 7, 8, 0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def run():
+    return setup(compose(["model=tiny", "reward=space_rate", "trainer.prompts_per_step=2"]))
+
+
+def test_concat_rollouts_keeps_each_responses_log_probs(run):
+    short = run.sampler.sample(["Hi"], 2, ["a"], ["0"])
+    long = run.sampler.sample(["Hello there, how are you doing today?"], 2, ["b"], ["0"])
+    joined = concat_rollouts([short, long], run.tokenizer.pad_token_id)
+    assert joined.prompt_width == long.prompt_width and joined.texts == short.texts + long.texts
+    got = batch_logprobs(run.policy, joined, 8)
+    for part, rows in ((short, [0, 1]), (long, [2, 3])):
+        want = batch_logprobs(run.policy, part, 8)
+        t = want.shape[1]
+        assert torch.allclose(
+            got[rows, :t] * part.response_mask, want * part.response_mask, atol=1e-5
+        )
+    picked = select_rows(joined, [3, 0])
+    assert picked.texts == [joined.texts[3], joined.texts[0]] and picked.prompt_ids == ["b", "a"]
+
+
+def test_dynamic_sampling_stops_with_a_clear_message():
+    # The tiny random model never answers arithmetic: every group is all-zero reward.
+    run = setup(
+        compose(
+            [
+                "model=tiny",
+                "algo=dapo",
+                "algo.max_gen_batches=2",
+                "sampler.max_new_tokens=16",
+                "algo.overlong_cache_len=0",
+            ]
+        )
+    )
+    with pytest.raises(ConfigError, match="found only 0 of 4 groups .* algo.max_gen_batches=2"):
+        collect_batch(run)
+
+
+def test_dynamic_sampling_keeps_only_informative_groups():
+    run = setup(
+        compose(
+            [
+                "model=tiny",
+                "algo=dapo",
+                "reward=space_rate",
+                "sampler.max_new_tokens=16",
+                "algo.overlong_cache_len=0",
+            ]
+        )
+    )
+    batch, scores, metrics = collect_batch(run)
+    assert len(batch.texts) == 16 and metrics["batch/gen_batches"] >= 1
+    assert informative_groups(scores.view(4, 4)).all()
+
+
+def half_constant_reward(responses, answers):
+    """Constant 1.0 for prompts with an even answer (all-equal groups), else whitespace share."""
+    rates = REWARDS["space_rate"](responses, answers)
+    return [1.0 if int(a) % 2 == 0 else r for r, a in zip(rates, answers, strict=True)]
+
+
+def test_dupo_fill_replaces_all_equal_groups(monkeypatch):
+    monkeypatch.setitem(REWARDS, "half_constant", half_constant_reward)
+    run = setup(
+        compose(
+            [
+                "model=tiny",
+                "algo=dupo",
+                "reward.name=half_constant",
+                "trainer.prompts_per_step=8",
+                "sampler.max_new_tokens=8",
+            ]
+        )
+    )
+    batch, scores, metrics = collect_batch(run)
+    equal = round(metrics["batch/groups_all_equal"] * 8)
+    assert 0 < equal < 8, "the fixture should mix constant and informative groups"
+    assert metrics["batch/duplicated_groups"] == equal
+    assert len(batch.texts) == 32
+    assert informative_groups(scores.view(8, 4)).all()  # every slot now carries signal
+    assert len(set(batch.prompt_ids)) == 8 - equal  # the fillers repeat kept prompts
+
+
+def test_overlong_filter_removes_truncated_responses_from_the_loss():
+    # The tiny model never emits EOS, so with overlong filtering nothing is left to learn from.
+    run = setup(
+        compose(
+            [
+                "model=tiny",
+                "algo=dapo",
+                "reward=space_rate",
+                "sampler.max_new_tokens=16",
+                "algo.overlong_cache_len=4",
+                "algo.dynamic_sampling=false",
+            ]
+        )
+    )
+    before = [p.clone() for p in run.policy.parameters()]
+    metrics = train_step(run)
+    assert metrics["response/truncated_frac"] == 1.0
+    assert metrics["grad_norm"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, run.policy.parameters(), strict=True))
+    # Soft overlong punishment: every response is at the limit, so each gets -1.
+    assert metrics["reward/overlong_penalty_mean"] == pytest.approx(-1.0)
+
+
+def test_dcpo_state_is_saved_with_checkpoints(tmp_path):
+    cfg = compose(
+        [
+            "model=tiny",
+            "algo=dcpo",
+            "reward=space_rate",
+            "trainer.max_steps=2",
+            "logger.progress=false",
+            "trainer.prompts_per_step=2",
+        ]
+    )
+    train(cfg, tmp_path)
+    state = json.loads((tmp_path / "checkpoints" / "step_2" / "trainer_state.json").read_text())
+    visits = state["sas"]["states"]
+    assert sum(count for count, _, _ in visits.values()) == 4  # 2 steps x 2 prompts
+    assert state["data_position"] == 4
