@@ -48,3 +48,13 @@ def test_ppo_ptx_lowers_the_pretraining_loss(tmp_path):
     run = setup(compose(["algo=ppo", *TINY_ANY_ALGO, "algo.ptx_coef=1.0", f"algo.ptx_path={text}"]))
     losses = [train_step(run)["ptx/loss"] for _ in range(4)]
     assert losses[-1] < losses[0] - 1.0, losses  # the LM term is really in the update
+
+
+def test_adaptive_kl_controller_moves_beta_towards_the_target():
+    overrides = ["model=tiny", "reward=space_rate", "trainer.lr=1e-2", "logger.progress=false"]
+    above = setup(compose([*overrides, "algo.kl_target=1e-9"]))  # any KL is above target
+    below = setup(compose([*overrides, "algo.kl_target=1e9"]))  # any KL is below target
+    for run in (above, below):
+        for _ in range(3):
+            train_step(run)
+    assert above.beta > 0.04 > below.beta
