@@ -26,9 +26,13 @@ def test_informative_groups_and_dupo_fill():
     assert group_rows([2, 0], 3) == [6, 7, 8, 0, 1, 2]
 
 
+def tiny_run(*overrides):
+    return setup(compose(["model=tiny", *overrides]))
+
+
 @pytest.fixture(scope="module")
 def run():
-    return setup(compose(["model=tiny", "reward=space_rate", "trainer.prompts_per_step=2"]))
+    return tiny_run("reward=space_rate", "trainer.prompts_per_step=2")
 
 
 def test_concat_rollouts_keeps_each_responses_log_probs(run):
@@ -49,32 +53,19 @@ def test_concat_rollouts_keeps_each_responses_log_probs(run):
 
 def test_dynamic_sampling_stops_with_a_clear_message():
     # The tiny random model never answers arithmetic: every group is all-zero reward.
-    run = setup(
-        compose(
-            [
-                "model=tiny",
-                "algo=dapo",
-                "algo.max_gen_batches=2",
-                "sampler.max_new_tokens=16",
-                "algo.overlong_cache_len=0",
-            ]
-        )
+    run = tiny_run(
+        "algo=dapo",
+        "algo.max_gen_batches=2",
+        "sampler.max_new_tokens=16",
+        "algo.overlong_cache_len=0",
     )
     with pytest.raises(ConfigError, match="found only 0 of 4 groups .* algo.max_gen_batches=2"):
         collect_batch(run)
 
 
 def test_dynamic_sampling_keeps_only_informative_groups():
-    run = setup(
-        compose(
-            [
-                "model=tiny",
-                "algo=dapo",
-                "reward=space_rate",
-                "sampler.max_new_tokens=16",
-                "algo.overlong_cache_len=0",
-            ]
-        )
+    run = tiny_run(
+        "algo=dapo", "reward=space_rate", "sampler.max_new_tokens=16", "algo.overlong_cache_len=0"
     )
     batch, scores, metrics = collect_batch(run)
     assert len(batch.texts) == 16 and metrics["batch/gen_batches"] >= 1
@@ -89,16 +80,11 @@ def half_constant_reward(responses, answers):
 
 def test_dupo_fill_replaces_all_equal_groups(monkeypatch):
     monkeypatch.setitem(REWARDS, "half_constant", half_constant_reward)
-    run = setup(
-        compose(
-            [
-                "model=tiny",
-                "algo=dupo",
-                "reward.name=half_constant",
-                "trainer.prompts_per_step=8",
-                "sampler.max_new_tokens=8",
-            ]
-        )
+    run = tiny_run(
+        "algo=dupo",
+        "reward.name=half_constant",
+        "trainer.prompts_per_step=8",
+        "sampler.max_new_tokens=8",
     )
     batch, scores, metrics = collect_batch(run)
     equal = round(metrics["batch/groups_all_equal"] * 8)
@@ -111,17 +97,12 @@ def test_dupo_fill_replaces_all_equal_groups(monkeypatch):
 
 def test_overlong_filter_removes_truncated_responses_from_the_loss():
     # The tiny model never emits EOS, so with overlong filtering nothing is left to learn from.
-    run = setup(
-        compose(
-            [
-                "model=tiny",
-                "algo=dapo",
-                "reward=space_rate",
-                "sampler.max_new_tokens=16",
-                "algo.overlong_cache_len=4",
-                "algo.dynamic_sampling=false",
-            ]
-        )
+    run = tiny_run(
+        "algo=dapo",
+        "reward=space_rate",
+        "sampler.max_new_tokens=16",
+        "algo.overlong_cache_len=4",
+        "algo.dynamic_sampling=false",
     )
     before = [p.clone() for p in run.policy.parameters()]
     metrics = train_step(run)
