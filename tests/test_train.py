@@ -92,7 +92,8 @@ def test_rlcli_train_writes_metrics_config_and_checkpoint(tmp_path):
 def test_rlcli_help_lists_commands_and_groups():
     assert "train" in rlcli("--help").stdout
     help_text = rlcli("train", "--help").stdout
-    for line in ["algo: grpo", "model: smollm2_135m, tiny", "reward: math, space_rate"]:
+    algos = "algo: dapo, dcpo, dr_grpo, dupo, grpo, gspo, gspo_token, ppo, rloo"
+    for line in [algos, "model: smollm2_135m, tiny", "reward: math, space_rate"]:
         assert line in help_text
 
 
