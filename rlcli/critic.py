@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlcli.learner import micro_batches
+from rlcli.learner import micro_batches, per_token_over_batch
 from rlcli.ops.advantages import gae, ppo_token_rewards
 from rlcli.ops.policy_loss import explained_variance, value_loss
 from rlcli.rollout import Rollout
@@ -52,13 +52,11 @@ def token_values(critic, input_ids, attention_mask, prompt_width) -> Tensor:
     return logits[:, prompt_width - 1 : -1, 0].float()
 
 
-@torch.no_grad()
 def batch_values(critic, batch: Rollout, size: int) -> Tensor:
-    out = torch.zeros(batch.response_mask.shape, device=batch.input_ids.device)
-    rows = torch.arange(len(batch.texts), device=batch.input_ids.device)
-    for idx, ids, att, width, mask in micro_batches(batch, rows, size):
-        out[idx, : mask.shape[1]] = token_values(critic, ids, att, width)
-    return out
+    """V at every response position, without gradient. [B, T]"""
+    return per_token_over_batch(
+        lambda ids, att, width: token_values(critic, ids, att, width), batch, size
+    )
 
 
 def gae_advantages(

@@ -140,14 +140,20 @@ def micro_batches(batch: Rollout, rows: Tensor, size: int):
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: Rollout, size: int) -> Tensor:
-    """Log-probs of every response token under `model` (reference or old policy). [B, T]"""
+def per_token_over_batch(fn, batch: Rollout, size: int) -> Tensor:
+    """`fn(input_ids, attention_mask, prompt_width) -> [b, t]` over the batch in micro-batches."""
     out = torch.zeros(batch.response_mask.shape, device=batch.input_ids.device)
     rows = torch.arange(len(batch.texts), device=batch.input_ids.device)
     for idx, ids, att, width, mask in micro_batches(batch, rows, size):
-        logp, _ = token_logprobs(model, ids, att, width)
-        out[idx, : mask.shape[1]] = logp
+        out[idx, : mask.shape[1]] = fn(ids, att, width)[:, : mask.shape[1]]
     return out
+
+
+def batch_logprobs(model, batch: Rollout, size: int) -> Tensor:
+    """Log-probs of every response token under `model` (reference or old policy). [B, T]"""
+    return per_token_over_batch(
+        lambda ids, att, width: token_logprobs(model, ids, att, width)[0], batch, size
+    )
 
 
 def learn(
