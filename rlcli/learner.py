@@ -14,13 +14,15 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from rlcli.config import AlgoConfig
+from rlcli.config import AlgoConfig, SamplerConfig
 from rlcli.ops.policy_loss import (
     AGGREGATIONS,
     CLIP_BOUNDS,
     KL_ESTIMATORS,
     RATIOS,
     clipped_surrogate,
+    kl_k3,
+    truncated_is_weights,
 )
 from rlcli.rollout import Rollout
 
@@ -36,9 +38,11 @@ class Objective:
     beta: float
     dual_clip: float | None
     entropy_coef: float
+    temperature: float = 1.0  # the policy is softmax(logits / temperature), as sampled
+    tis_cap: float | None = None  # weight tokens by min(exp(old - sampler), cap); None: off
 
     @classmethod
-    def from_config(cls, algo: AlgoConfig, norm_len: int) -> Objective:
+    def from_config(cls, algo: AlgoConfig, sampler: SamplerConfig, norm_len: int) -> Objective:
         return cls(
             ratio=RATIOS[algo.ratio],
             bounds=partial(CLIP_BOUNDS[algo.clip], eps_low=algo.eps_low, eps_high=algo.eps_high),
@@ -48,6 +52,8 @@ class Objective:
             beta=algo.beta,
             dual_clip=algo.dual_clip,
             entropy_coef=algo.entropy_coef,
+            temperature=sampler.temperature,
+            tis_cap=sampler.tis_cap if sampler.old_logp == "sampler" else None,
         )
 
 
@@ -61,17 +67,22 @@ def policy_objective(
     entropy: Tensor,  # [B, T]
     total_tokens: float,  # tokens of the whole optimiser step (all micro-batches)
     total_seqs: float,  # responses of the whole optimiser step
+    sampler_logp: Tensor | None = None,  # [B, T] from the sampler, when it is not the learner
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step's loss, and token sums of its diagnostics.
 
-    loss = aggregate(-min(r*A, clip(r)*A) + beta*KL - entropy_coef*H); the aggregation divides
-    by the whole step's counts so summing over micro-batches gives the big-batch loss.
+    loss = aggregate(-w*min(r*A, clip(r)*A) + beta*KL - entropy_coef*H); the aggregation
+    divides by the whole step's counts so summing over micro-batches gives the big-batch loss.
+    w = min(exp(old_logp - sampler_logp), tis_cap) when obj.tis_cap is set (truncated
+    importance sampling: the sampler, not the learner's old policy, drew the tokens), else 1.
     """
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     ratio = obj.ratio(logp, old_logp, mask)
     lo, hi = obj.bounds(old_logp)
     per_token, low, high, dual = clipped_surrogate(ratio, adv, lo, hi, obj.dual_clip)
     m = mask.to(logp.dtype)
+    if sampler_logp is not None and obj.tis_cap is not None:
+        per_token = per_token * truncated_is_weights(old_logp, sampler_logp, obj.tis_cap)
     log_ratio = (logp - old_logp).detach()
     sums = {
         "clip/low": (low * m).sum(),
@@ -81,6 +92,10 @@ def policy_objective(
         # KL(old || new) by the k3 estimator on tokens sampled from old: how far updates moved.
         "policy/approx_kl": ((log_ratio.exp() - 1 - log_ratio) * m).sum(),
     }
+    if sampler_logp is not None:
+        # Sampler/learner mismatch on the sampled tokens; KL(sampler || learner) by k3.
+        sums["rollout/logp_abs_diff"] = ((old_logp - sampler_logp).abs() * m).sum()
+        sums["rollout/kl"] = (kl_k3(sampler_logp, old_logp) * m).sum()
     if obj.kl is not None:
         kl = obj.kl(logp, ref_logp)
         per_token = per_token + obj.beta * kl
@@ -91,8 +106,13 @@ def policy_objective(
     return loss, sums
 
 
-def token_logprobs(model, input_ids, attention_mask, prompt_width, with_entropy=False):
+def token_logprobs(
+    model, input_ids, attention_mask, prompt_width, with_entropy=False, temperature=1.0
+):
     """Log-prob of each response token under `model`, and the entropy of each prediction.
+
+    Logits are divided by the sampling temperature, so log-probs are those of the
+    distribution the sampler drew from.
 
     Only the response positions go through the LM head (`logits_to_keep`), which skips most
     of its cost on long prompts. Position ids follow the attention mask so left padding does
@@ -111,7 +131,7 @@ def token_logprobs(model, input_ids, attention_mask, prompt_width, with_entropy=
         .logits[:, :-1]
         .float()
     )  # [B, T, V]: position t predicts response token t
-    log_probs = torch.log_softmax(logits, -1)
+    log_probs = torch.log_softmax(logits / temperature if temperature != 1 else logits, -1)
     tokens = input_ids[:, prompt_width:]
     logp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)
     entropy = None
@@ -149,10 +169,12 @@ def per_token_over_batch(fn, batch: Rollout, size: int) -> Tensor:
     return out
 
 
-def batch_logprobs(model, batch: Rollout, size: int) -> Tensor:
+def batch_logprobs(model, batch: Rollout, size: int, temperature: float = 1.0) -> Tensor:
     """Log-probs of every response token under `model` (reference or old policy). [B, T]"""
     return per_token_over_batch(
-        lambda ids, att, width: token_logprobs(model, ids, att, width)[0], batch, size
+        lambda ids, att, width: token_logprobs(model, ids, att, width, False, temperature)[0],
+        batch,
+        size,
     )
 
 
@@ -186,12 +208,14 @@ def learn(
         step_loss = 0.0
         for idx, ids, att, width, mask in micro_batches(batch, mini, micro_batch_size):
             t = mask.shape[1]
-            logp, entropy = token_logprobs(model, ids, att, width, with_entropy=True)
+            logp, entropy = token_logprobs(model, ids, att, width, True, obj.temperature)
             old = logp.detach() if old_logp is None else old_logp[idx, :t]
             ref = None if ref_logp is None else ref_logp[idx, :t]
+            sampled = None if batch.sampler_logp is None else batch.sampler_logp[idx, :t]
             loss, sums = policy_objective(
-                obj, logp, old, ref, advantages[idx], mask, entropy, total_tokens, total_seqs
-            )
+                obj, logp, old, ref, advantages[idx], mask, entropy, total_tokens, total_seqs,
+                sampled,
+            )  # fmt: skip
             loss.backward()
             loss = loss.detach()
             step_loss += loss.item()

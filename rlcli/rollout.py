@@ -25,6 +25,13 @@ class Rollout:
     truncated: Tensor  # [B] bool: hit max_new_tokens without EOS
     prompt_ids: list[str]  # [B] id of the problem each response answers (a group shares one)
     answers: list[str]  # [B] ground truth of that problem
+    # [B, T] log-prob of each response token as the sampler computed it (vLLM); None when the
+    # sampler is the learner itself (sampler=hf)
+    sampler_logp: Tensor | None = None
+
+    @property
+    def finish_reasons(self) -> list[str]:  # why each response ended, in vLLM's words
+        return ["length" if t else "stop" for t in self.truncated.tolist()]
 
     @property
     def response_ids(self) -> Tensor:  # [B, T]
@@ -53,6 +60,9 @@ def eos_token_ids(tokenizer, model) -> set[int]:
 
 class HFSampler:
     """Samples with `model.generate` on the learner's own weights, so it never needs a sync."""
+
+    def sync(self, policy) -> None:
+        """Nothing to push: generate() runs on the policy being trained."""
 
     def __init__(self, model, tokenizer, temperature: float, top_p: float, max_new_tokens: int):
         self.model, self.tokenizer = model, tokenizer
@@ -131,6 +141,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         truncated=torch.cat([r.truncated for r in parts]),
         prompt_ids=[x for r in parts for x in r.prompt_ids],
         answers=[x for r in parts for x in r.answers],
+        sampler_logp=None
+        if parts[0].sampler_logp is None
+        else torch.cat([_pad_to(r.sampler_logp, t, 0, left=False) for r in parts]),
     )
 
 
@@ -147,4 +160,5 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
         truncated=batch.truncated[index],
         prompt_ids=[batch.prompt_ids[i] for i in rows],
         answers=[batch.answers[i] for i in rows],
+        sampler_logp=None if batch.sampler_logp is None else batch.sampler_logp[dev],
     )

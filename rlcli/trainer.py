@@ -30,8 +30,9 @@ from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_mo
 from rlcli.ops.advantages import SasTracker
 from rlcli.ops.policy_loss import overlong_penalty
 from rlcli.rewards import REWARDS
-from rlcli.rollout import HFSampler, Rollout, concat_rollouts, select_rows
+from rlcli.rollout import HFSampler, Rollout, concat_rollouts, eos_token_ids, select_rows
 from rlcli.shaping import dupo_fill, group_rows, informative_groups
+from rlcli.vllm_sampler import VLLMSampler
 
 
 def seed_everything(seed: int) -> None:
@@ -52,7 +53,7 @@ class Run:
     reference: torch.nn.Module | None  # None when beta = 0
     critic: torch.nn.Module | None  # PPO only (algo.advantage=gae)
     critic_optimizer: torch.optim.Optimizer | None
-    sampler: HFSampler
+    sampler: HFSampler | VLLMSampler
     objective: Objective
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -96,7 +97,13 @@ def setup(cfg: Config) -> Run:
         critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
     s = cfg.sampler
-    sampler = HFSampler(policy, tokenizer, s.temperature, s.top_p, s.max_new_tokens)
+    if s.name == "vllm":
+        sampler = VLLMSampler(
+            model_path, tokenizer, eos_token_ids(tokenizer, policy), s, t.dtype, device, t.seed
+        )
+        sampler.sync(policy)  # a reused engine may hold another run's weights
+    else:
+        sampler = HFSampler(policy, tokenizer, s.temperature, s.top_p, s.max_new_tokens)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     warmup_updates = t.warmup_steps * t.mini_batches * t.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -112,7 +119,7 @@ def setup(cfg: Config) -> Run:
         critic=critic,
         critic_optimizer=critic_optimizer,
         sampler=sampler,
-        objective=Objective.from_config(algo, norm_len=algo.norm_len or s.max_new_tokens),
+        objective=Objective.from_config(algo, s, norm_len=algo.norm_len or s.max_new_tokens),
         optimizer=optimizer,
         scheduler=scheduler,
         prompts=PromptStream(train_set, t.seed),
@@ -146,7 +153,8 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     """The step's batch of prompts_per_step groups, shaped as the algorithm asks.
 
     DAPO dynamic sampling keeps only groups whose rewards differ and samples more prompts
-    until the batch is full (at most `max_gen_batches` generation rounds); DUPO replaces
+    until the batch is full (at most `max_gen_batches` generation rounds; then the step
+    trains on the groups found, and stops the run only if there are none); DUPO replaces
     zero-signal groups by duplicates of informative ones; otherwise the batch is as sampled.
     """
     t, algo = run.cfg.trainer, run.cfg.algo
@@ -170,17 +178,24 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
             break
     else:
         found = sum(len(p.texts) for p in parts) // G
-        raise ConfigError(
-            f"DAPO dynamic sampling found only {found} of {P} groups with differing rewards "
-            f"after algo.max_gen_batches={algo.max_gen_batches} generation rounds: almost every "
-            "group is all right or all wrong. Raise algo.max_gen_batches, use an easier or "
-            "harder dataset, or turn it off with algo.dynamic_sampling=false."
-        )
+        if found:
+            # A short batch beats stopping a run whose policy has nearly mastered its prompts.
+            batch = concat_rollouts(parts, run.tokenizer.pad_token_id)
+            scores = torch.cat(kept_scores)
+        else:
+            raise ConfigError(
+                f"DAPO dynamic sampling found only {found} of {P} groups with differing "
+                f"rewards after algo.max_gen_batches={algo.max_gen_batches} generation rounds: "
+                "every group is all right or all wrong. Raise algo.max_gen_batches, use an "
+                "easier or harder dataset, or turn it off with algo.dynamic_sampling=false."
+            )
     metrics = {
         "reward/score_mean": info["score"],
         "batch/groups_all_equal": equal_groups / sampled_groups,
         "batch/gen_batches": float(sampled_groups // P),
     }
+    if algo.dynamic_sampling:
+        metrics["batch/groups_short"] = float(P - len(batch.texts) // G)
     if "overlong_penalty" in info:
         metrics["reward/overlong_penalty_mean"] = info["overlong_penalty"]
     if algo.dupo_fill:
@@ -204,14 +219,14 @@ def train_step(run: Run) -> dict[str, float]:
         keep = (~batch.truncated).to(batch.response_mask)[:, None]
         batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
 
-    mbs = t.micro_batch_size
-    ref_logp = batch_logprobs(run.reference, batch, mbs) if run.reference else None
+    mbs, temp = t.micro_batch_size, run.cfg.sampler.temperature
+    ref_logp = batch_logprobs(run.reference, batch, mbs, temp) if run.reference else None
     # With one update per batch the sampling policy is the current one, so its log-probs
     # equal the learner's own (detached); they are stored up front only when several updates
     # follow or the KL goes into the reward.
     kl_in_reward = algo.kl_in == "reward" and ref_logp is not None
     need_old = t.mini_batches * t.epochs > 1 or kl_in_reward or run.critic is not None
-    old_logp = batch_logprobs(run.policy, batch, mbs) if need_old else None
+    old_logp = batch_logprobs(run.policy, batch, mbs, temp) if need_old else None
     kl_k1 = None
     if kl_in_reward:
         kl_k1 = (old_logp - ref_logp) * batch.response_mask
@@ -229,7 +244,7 @@ def train_step(run: Run) -> dict[str, float]:
         rewards = scores.clone()
         if kl_k1 is not None:
             rewards -= run.beta * kl_k1.sum(-1).cpu()  # KL as a sequence-level reward penalty
-        groups = rewards.view(t.prompts_per_step, t.group_size)
+        groups = rewards.view(-1, t.group_size)  # DAPO may train on fewer groups
         ids = batch.prompt_ids[:: t.group_size]
         advantages = OUTCOME[algo.advantage](groups, ids, run.sas).flatten().to(run.device)
     responses_with_signal = (advantages.abs().reshape(len(batch.texts), -1).amax(-1) > 0).float()
@@ -259,6 +274,8 @@ def train_step(run: Run) -> dict[str, float]:
                 )
             )  # fmt: skip
     learned = time.perf_counter()
+    run.sampler.sync(run.policy)  # the next batch is sampled with the updated weights
+    synced = time.perf_counter()
 
     kl_now = epochs[-1].get("kl", metrics.get("kl"))
     if algo.kl_target and kl_now is not None:
@@ -280,8 +297,9 @@ def train_step(run: Run) -> dict[str, float]:
         "time/logprobs": logprobs_done - sampled,
         "time/advantages": scored - logprobs_done,
         "time/learn": learned - scored,
-        "time/step": learned - start,
-        "throughput/tokens_per_s": lengths.sum().item() / (learned - start),
+        "time/sync": synced - learned,
+        "time/step": synced - start,
+        "throughput/tokens_per_s": lengths.sum().item() / (synced - start),
         "_sample": batch.texts[0],
     }
 

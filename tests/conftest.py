@@ -5,16 +5,18 @@ import os
 
 import pytest
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 # Settings under which the tiny model learns `reward=space_rate` within ~25 steps, with any
-# algo (each keeps its own KL setting).
+# algo (each keeps its own KL setting). Runs are deterministic for a seed, but with 8 prompts
+# per step how fast the reward rose varied a lot from seed to seed and with tiny numerical
+# differences (GRPO, lr 1e-2: 0.2-0.8 after 25 steps over seeds 0-2); with 16 prompts and
+# lr 2e-2 GRPO, Dr.GRPO, DAPO and DCPO all passed 0.9 by step 22.
 TINY_ANY_ALGO = [
     "model=tiny",
     "reward=space_rate",
-    "trainer.lr=1e-2",
-    "trainer.prompts_per_step=8",
+    "trainer.lr=2e-2",
+    "trainer.prompts_per_step=16",
     "trainer.group_size=8",
     "trainer.micro_batch_size=64",
     "sampler.max_new_tokens=16",

