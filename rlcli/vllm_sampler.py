@@ -114,7 +114,7 @@ class VLLMSampler:
         self.llm = engine(model_path, dtype, cfg, device)
         self.tokenizer, self.eos_ids, self.cfg = tokenizer, eos_ids, cfg
         self.device, self.seed = device, seed
-        self.calls = 0  # sampling calls so far; with the seed it fixes each request's seed
+        self.calls = 0  # sampling calls so far; with the seed it fixes each call's randomness
         self.asleep = False
 
     def sync(self, policy: torch.nn.Module) -> None:
