@@ -117,11 +117,14 @@ class VLLMSampler:
         self.calls = 0  # sampling calls so far; with the seed it fixes each call's randomness
         self.asleep = False
 
-    def sync(self, policy: torch.nn.Module) -> None:
-        """Load the learner's current weights into the engine; drop caches built from old ones."""
+    def _wake(self) -> None:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        """Load the learner's current weights into the engine; drop caches built from old ones."""
+        self._wake()
         weights = [(name, p.detach()) for name, p in policy.named_parameters()]
         self.llm.collective_rpc(_load_weights, args=(weights,))
         self.llm.reset_prefix_cache()
@@ -133,9 +136,7 @@ class VLLMSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+        self._wake()
         c = self.cfg
         encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
         for ids in encoded:
@@ -145,19 +146,16 @@ class VLLMSampler:
                     f"{c.max_new_tokens} exceeds sampler.max_model_len={c.max_model_len}; "
                     "raise sampler.max_model_len or shorten the prompts."
                 )
-        params = [
-            SamplingParams(
-                n=group_size,
-                temperature=c.temperature,
-                top_p=c.top_p,
-                max_tokens=c.max_new_tokens,
-                stop=list(c.stop) or None,
-                include_stop_str_in_output=True,  # the text must match the trained tokens
-                stop_token_ids=sorted(self.eos_ids),
-                logprobs=0,  # the sampled token's own log-prob only
-            )
-            for _ in prompts
-        ]
+        params = SamplingParams(
+            n=group_size,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            max_tokens=c.max_new_tokens,
+            stop=list(c.stop) or None,
+            include_stop_str_in_output=True,  # the text must match the trained tokens
+            stop_token_ids=sorted(self.eos_ids),
+            logprobs=0,  # the sampled token's own log-prob only
+        )
         # Seeding: requests carry no seed of their own (vLLM's per-request generators fail on
         # CPU when a prefill is split across engine steps); the in-process engine draws from
         # torch's global generator, seeded here per call and restored afterwards.
