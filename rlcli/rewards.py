@@ -1,39 +1,61 @@
-"""Reward functions: (responses, answers) -> one float per response.
+"""Rule-based rewards: pure functions of one response (and its ground truth) to a float.
 
-Each takes the decoded response texts and the ground-truth answers of their prompts and
-returns a list of floats. They are looked up by `reward.name` in `REWARDS`.
+No I/O, no config, no models. `rlcli.scoring` looks them up by component name, mixes them
+with weights, and isolates their failures; reward and process reward models live in
+`rlcli.reward_models`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+import re
 
 from math_verify import parse, verify
 
+# math-verify warns once that its time limits are off; rlcli.scoring sets its own.
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
-def math_correct(responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def accuracy(response: str, answer: str) -> float:
     """1.0 when the response's final answer equals the ground truth mathematically, else 0.0.
 
     math-verify extracts the answer (a `\\boxed{}`, an "Answer:" line, or the last number or
     expression) and compares values symbolically, so "47", "47.0" and "\\boxed{47}" all count.
+    A response in the think/answer format is graded on its last <answer> block (math-verify
+    finds no number packed between tags, as in "<answer>47</answer>"). math-verify's own
+    signal-based time limits are off: `rlcli.scoring` puts one limit around the whole call
+    (two SIGALRM timers cannot nest).
     """
-    scores = []
-    for response, answer in zip(responses, answers, strict=True):
-        gold, predicted = parse(answer), parse(response)
-        scores.append(float(bool(gold) and bool(predicted) and verify(gold, predicted)))
-    return scores
+    blocks = ANSWER_BLOCK.findall(response)
+    gold = parse(answer, parsing_timeout=None)
+    predicted = parse(blocks[-1] if blocks else response, parsing_timeout=None)
+    return float(bool(gold) and bool(predicted) and verify(gold, predicted, timeout_seconds=None))
 
 
-def space_rate(responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+def signed_accuracy(response: str, answer: str) -> float:
+    """DAPO's rule reward: +1 for a correct final answer, -1 otherwise (DAPO eq. 13)."""
+    return 2.0 * accuracy(response, answer) - 1.0
+
+
+def format_match(response: str, pattern: str) -> float:
+    """1.0 when the whole response matches the regex `pattern` (`.` also matches newlines)."""
+    return float(re.fullmatch(pattern, response, flags=re.DOTALL) is not None)
+
+
+def dcpo_score(response: str, answer: str, pattern: str) -> float:
+    """DCPO's reward: -1 when the response breaks the format, else +1 correct / 0 wrong."""
+    if not format_match(response, pattern):
+        return -1.0
+    return accuracy(response, answer)
+
+
+def space_rate(response: str) -> float:
     """Share of whitespace characters in the response: a toy reward a random model can learn.
 
     Random tokens give about 0.1; a policy that favours short space-prefixed tokens reaches
     far more. It needs no answer, so it works with any dataset.
     """
-    return [sum(c.isspace() for c in r) / len(r) if r else 0.0 for r in responses]
-
-
-REWARDS: dict[str, Callable[[Sequence[str], Sequence[str]], list[float]]] = {
-    "math": math_correct,
-    "space_rate": space_rate,
-}
+    return sum(c.isspace() for c in response) / len(response) if response else 0.0

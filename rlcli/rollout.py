@@ -7,6 +7,7 @@ prompts are left-padded to a common width P and responses right-padded to a widt
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,9 @@ class Rollout:
     # [B, T] log-prob of each response token as the sampler computed it (vLLM); None when the
     # sampler is the learner itself (sampler=hf)
     sampler_logp: Tensor | None = None
+    # [B, T] process rewards: a step's score at the token where the step ends, NaN elsewhere;
+    # None unless reward=process
+    step_rewards: Tensor | None = None
 
     @property
     def finish_reasons(self) -> list[str]:  # why each response ended, in vLLM's words
@@ -103,7 +107,7 @@ class HFSampler:
         )
 
 
-def _pad_to(x: Tensor, width: int, value: int, left: bool) -> Tensor:
+def _pad_to(x: Tensor, width: int, value: float, left: bool) -> Tensor:
     pad = width - x.shape[1]
     if pad == 0:
         return x
@@ -144,6 +148,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         sampler_logp=None
         if parts[0].sampler_logp is None
         else torch.cat([_pad_to(r.sampler_logp, t, 0, left=False) for r in parts]),
+        step_rewards=None
+        if parts[0].step_rewards is None
+        else torch.cat([_pad_to(r.step_rewards, t, math.nan, left=False) for r in parts]),
     )
 
 
@@ -161,4 +168,5 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
         prompt_ids=[batch.prompt_ids[i] for i in rows],
         answers=[batch.answers[i] for i in rows],
         sampler_logp=None if batch.sampler_logp is None else batch.sampler_logp[dev],
+        step_rewards=None if batch.step_rewards is None else batch.step_rewards[dev],
     )

@@ -5,14 +5,21 @@ Pure functions over group rewards; the trainer does the sampling they ask for.
 
 from __future__ import annotations
 
+import math
 import random
 
 from torch import Tensor
 
 
 def informative_groups(rewards: Tensor) -> Tensor:
-    """Groups whose rewards are not all equal: only those carry gradient. [P, G] -> [P] bool"""
-    return rewards.amax(-1) != rewards.amin(-1)
+    """Groups whose rewards are not all equal: only those carry gradient. [P, G] -> [P] bool
+
+    Missing (NaN) rewards are left out of the comparison.
+    """
+    scored = ~rewards.isnan()
+    highest = rewards.masked_fill(~scored, -math.inf).amax(-1)
+    lowest = rewards.masked_fill(~scored, math.inf).amin(-1)
+    return highest > lowest
 
 
 def dupo_fill(informative: list[bool], rng: random.Random) -> list[int]:

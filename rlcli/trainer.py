@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlcli.advantage import OUTCOME
+from rlcli.advantage import OUTCOME, outcome_advantages, process_advantages
 from rlcli.checkpoint import save_checkpoint
 from rlcli.config import Config, ConfigError
 from rlcli.critic import batch_values, gae_advantages, learn_critic, load_critic
@@ -28,9 +29,9 @@ from rlcli.learner import Objective, batch_logprobs, learn, lm_loss
 from rlcli.metrics import MetricsLog
 from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 from rlcli.ops.advantages import SasTracker
-from rlcli.ops.policy_loss import overlong_penalty
-from rlcli.rewards import REWARDS
+from rlcli.reward_models import step_reward_tensors
 from rlcli.rollout import HFSampler, Rollout, concat_rollouts, eos_token_ids, select_rows
+from rlcli.scoring import Sample, Scorer, Scores, nanmean
 from rlcli.shaping import dupo_fill, group_rows, informative_groups
 from rlcli.vllm_sampler import VLLMSampler
 
@@ -54,6 +55,7 @@ class Run:
     critic: torch.nn.Module | None  # PPO only (algo.advantage=gae)
     critic_optimizer: torch.optim.Optimizer | None
     sampler: HFSampler | VLLMSampler
+    scorer: Scorer
     objective: Objective
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -76,13 +78,41 @@ def read_texts(path: str) -> list[str]:
     return texts
 
 
+def check_reward_fields(cfg: Config, problems: list[Problem]) -> None:
+    """The countdown reward reads `numbers` and `target` from each record: check they exist."""
+    if "countdown" in cfg.reward.components:
+        missing = [k for k in ("numbers", "target") if k not in problems[0].record]
+        if missing:
+            raise ConfigError(
+                f"reward component 'countdown' needs records with fields numbers and target; "
+                f"data={cfg.data.name} has no {missing[0]!r}. Use data=countdown."
+            )
+
+
+def make_sampler(
+    cfg: Config, model_path: str, tokenizer, policy, device
+) -> HFSampler | VLLMSampler:
+    """The configured sampler, holding the policy's current weights."""
+    s, t = cfg.sampler, cfg.trainer
+    if s.name == "vllm":
+        sampler = VLLMSampler(
+            model_path, tokenizer, eos_token_ids(tokenizer, policy), s, t.dtype, device, t.seed
+        )
+        sampler.sync(policy)  # a reused engine may hold another run's weights
+        return sampler
+    return HFSampler(policy, tokenizer, s.temperature, s.top_p, s.max_new_tokens)
+
+
 def setup(cfg: Config) -> Run:
     t, algo = cfg.trainer, cfg.algo
     seed_everything(t.seed)
     device = pick_device(t.device)
-    # Data first: a bad data file should fail before minutes of model loading.
+    # Data and reward first: a bad data file or reward function should fail before minutes
+    # of model loading.
     train_set, _test_set = load_splits(cfg.data)
+    check_reward_fields(cfg, train_set)
     ptx_texts = read_texts(algo.ptx_path) if algo.ptx_coef > 0 else []
+    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
     policy = load_causal_lm(model_path, t.dtype, device)
@@ -96,14 +126,7 @@ def setup(cfg: Config) -> Run:
         path = algo.critic_path or model_path
         critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
-    s = cfg.sampler
-    if s.name == "vllm":
-        sampler = VLLMSampler(
-            model_path, tokenizer, eos_token_ids(tokenizer, policy), s, t.dtype, device, t.seed
-        )
-        sampler.sync(policy)  # a reused engine may hold another run's weights
-    else:
-        sampler = HFSampler(policy, tokenizer, s.temperature, s.top_p, s.max_new_tokens)
+    sampler = make_sampler(cfg, model_path, tokenizer, policy, device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     warmup_updates = t.warmup_steps * t.mini_batches * t.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -119,7 +142,10 @@ def setup(cfg: Config) -> Run:
         critic=critic,
         critic_optimizer=critic_optimizer,
         sampler=sampler,
-        objective=Objective.from_config(algo, s, norm_len=algo.norm_len or s.max_new_tokens),
+        scorer=scorer,
+        objective=Objective.from_config(
+            algo, cfg.sampler, norm_len=algo.norm_len or cfg.sampler.max_new_tokens
+        ),
         optimizer=optimizer,
         scheduler=scheduler,
         prompts=PromptStream(train_set, t.seed),
@@ -130,23 +156,35 @@ def setup(cfg: Config) -> Run:
     )
 
 
-def sample_and_score(run: Run, problems: list[Problem]) -> tuple[Rollout, torch.Tensor, dict]:
-    """Sample a group per problem and score every response (reward + overlong punishment)."""
-    cfg = run.cfg
-    prompts = [render_prompt(run.tokenizer, p.question, cfg.data.system_prompt) for p in problems]
-    batch = run.sampler.sample(
-        prompts, cfg.trainer.group_size, [p.id for p in problems], [p.answer for p in problems]
-    )
-    scores = torch.tensor(REWARDS[cfg.reward.name](batch.texts, batch.answers)).float()
-    info = {"score": scores.mean().item()}
-    if cfg.algo.overlong_cache_len:
-        # DAPO soft overlong punishment, with L_max = the sampler's token limit.
-        penalty = overlong_penalty(
-            batch.lengths.cpu(), cfg.sampler.max_new_tokens, cfg.algo.overlong_cache_len
+def sample_and_score(
+    sampler, scorer: Scorer, tokenizer, problems: list[Problem], group: int, system_prompt
+) -> tuple[Rollout, Scores]:
+    """Sample a group per problem and score every response (NaN where a reward failed)."""
+    prompts = [render_prompt(tokenizer, p.question, system_prompt) for p in problems]
+    batch = sampler.sample(prompts, group, [p.id for p in problems], [p.answer for p in problems])
+    rows = [p for p in problems for _ in range(group)]
+    samples = [
+        Sample(p.question, text, p.answer, p.record, int(n))
+        for p, text, n in zip(rows, batch.texts, batch.lengths.tolist(), strict=True)
+    ]
+    scores = scorer(samples)
+    if scores.steps is not None:  # process reward: each step's score at its last token
+        step_rewards, step_ends = step_reward_tensors(
+            tokenizer, batch.response_ids.cpu(), batch.response_mask.cpu(), scores.steps
         )
-        scores = scores + penalty
-        info["overlong_penalty"] = penalty.mean().item()
-    return batch, scores, info
+        marked = step_rewards.masked_fill(~step_ends, math.nan)
+        batch = dataclasses.replace(batch, step_rewards=marked)
+    return batch, scores
+
+
+def reward_metrics(rounds: list[Scores]) -> dict[str, float]:
+    """Each component's mean over every response sampled this step, and the failures."""
+    joined = Scores(
+        total=torch.cat([r.total for r in rounds]),
+        components={k: torch.cat([r.components[k] for r in rounds]) for k in rounds[0].components},
+        errors=[e for r in rounds for e in r.errors],
+    )
+    return joined.metrics()
 
 
 def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
@@ -159,10 +197,14 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     """
     t, algo = run.cfg.trainer, run.cfg.algo
     P, G = t.prompts_per_step, t.group_size
-    parts, kept_scores, sampled_groups, equal_groups = [], [], 0, 0
-    rounds = algo.max_gen_batches if algo.dynamic_sampling else 1
-    for _ in range(rounds):
-        batch, scores, info = sample_and_score(run, run.prompts.take(P))
+    parts, kept_scores, sampled_groups, equal_groups, rounds = [], [], 0, 0, []
+    for _ in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
+        batch, round_scores = sample_and_score(
+            run.sampler, run.scorer, run.tokenizer, run.prompts.take(P), G,
+            run.cfg.data.system_prompt,
+        )  # fmt: skip
+        rounds.append(round_scores)
+        scores = round_scores.total
         informative = informative_groups(scores.view(P, G))
         sampled_groups += P
         equal_groups += int((~informative).sum())
@@ -190,14 +232,12 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
                 "easier or harder dataset, or turn it off with algo.dynamic_sampling=false."
             )
     metrics = {
-        "reward/score_mean": info["score"],
+        **reward_metrics(rounds),
         "batch/groups_all_equal": equal_groups / sampled_groups,
         "batch/gen_batches": float(sampled_groups // P),
     }
     if algo.dynamic_sampling:
         metrics["batch/groups_short"] = float(P - len(batch.texts) // G)
-    if "overlong_penalty" in info:
-        metrics["reward/overlong_penalty_mean"] = info["overlong_penalty"]
     if algo.dupo_fill:
         slots = dupo_fill(informative_groups(scores.view(P, G)).tolist(), run.rng)
         metrics["batch/duplicated_groups"] = float(sum(g != i for i, g in enumerate(slots)))
@@ -214,6 +254,11 @@ def train_step(run: Run) -> dict[str, float]:
     sampled = time.perf_counter()
 
     lengths = batch.lengths.float()
+    missing = scores.isnan()
+    if missing.any():
+        # A response whose reward failed teaches nothing: it stays out of the loss.
+        keep = (~missing).to(batch.response_mask)[:, None]
+        batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
     if algo.overlong_filter:
         # DAPO overlong filtering: truncated responses stay in the batch but out of the loss.
         keep = (~batch.truncated).to(batch.response_mask)[:, None]
@@ -236,17 +281,21 @@ def train_step(run: Run) -> dict[str, float]:
     if run.critic is not None:
         old_values = batch_values(run.critic, batch, mbs)
         advantages, returns = gae_advantages(
-            scores.to(run.device), old_logp, ref_logp if kl_in_reward else None,
+            scores.nan_to_num(0.0).to(run.device), old_logp, ref_logp if kl_in_reward else None,
             old_values, batch.response_mask, run.beta, algo.gamma, algo.lam,
             algo.whiten_advantages,
         )  # fmt: skip
+    elif algo.advantage == "grpo_process":
+        advantages = process_advantages(batch.step_rewards, t.group_size).to(run.device)
     else:
         rewards = scores.clone()
         if kl_k1 is not None:
             rewards -= run.beta * kl_k1.sum(-1).cpu()  # KL as a sequence-level reward penalty
         groups = rewards.view(-1, t.group_size)  # DAPO may train on fewer groups
         ids = batch.prompt_ids[:: t.group_size]
-        advantages = OUTCOME[algo.advantage](groups, ids, run.sas).flatten().to(run.device)
+        estimator = OUTCOME[algo.advantage]
+        advantages = outcome_advantages(estimator, groups, ids, run.sas).flatten()
+        advantages = advantages.to(run.device)
     responses_with_signal = (advantages.abs().reshape(len(batch.texts), -1).amax(-1) > 0).float()
     scored = time.perf_counter()
 
@@ -283,8 +332,8 @@ def train_step(run: Run) -> dict[str, float]:
         error = max(-0.2, min(0.2, kl_now / algo.kl_target - 1))
         run.beta *= 1 + error * len(batch.texts) / algo.kl_horizon
     return {
-        "reward/mean": scores.mean().item(),
-        "reward/std": scores.std().item(),
+        "reward/mean": nanmean(scores),
+        "reward/std": scores[~missing].std().item() if (~missing).sum() > 1 else 0.0,
         **metrics,
         "batch/response_utilisation": responses_with_signal.mean().item(),
         "response/length_mean": lengths.mean().item(),

@@ -12,10 +12,10 @@ from tests.conftest import TINY_ANY_ALGO
 ALGOS = sorted(p.stem for p in (CONF_DIR / "algo").rglob("*.yaml"))
 
 # The tiny random model never emits EOS, so every response is truncated: DAPO's overlong
-# filter would mask all of them and its punishment would give all the same -1. Those two
-# pieces are tested on their own in test_shaping.py; here DAPO runs without them.
+# filter would mask all of them. It is tested on its own in test_shaping.py (and the soft
+# overlong punishment, part of reward=dapo, in test_rewards.py); here DAPO runs without it.
 EXTRA = {
-    "dapo": ["algo.overlong_filter=false", "algo.overlong_cache_len=0"],
+    "dapo": ["algo.overlong_filter=false"],
     # KL in the reward: the toy reward spreads over ~0.05, so the papers' beta (0.02-0.05 per
     # nat) would drown it in KL noise; a small beta keeps the KL path on but the signal visible.
     "rloo": ["algo.beta=0.001"],

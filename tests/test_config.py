@@ -15,7 +15,15 @@ def group_choices():
 
 @pytest.mark.parametrize(("group", "choice"), list(group_choices()))
 def test_every_group_choice_composes_and_validates(group, choice):
-    extra = ["data.path=some.jsonl"] if (group, choice) == ("data", "jsonl") else []
+    # Choices that cannot run without a path or function of the user's own.
+    needs = {
+        ("data", "jsonl"): ["data.path=some.jsonl"],
+        ("data", "parquet"): ["data.path=some.parquet"],
+        ("reward", "python"): ["reward.function=my_rewards.py:score"],
+        ("reward", "reward_model"): ["reward.model_path=some/rm"],
+        ("reward", "process"): ["reward.model_path=some/prm", "algo.advantage=grpo_process"],
+    }
+    extra = needs.get((group, choice), [])
     cfg = compose([f"{group}={choice}", *extra])
     assert getattr(cfg, group).name == choice
 

@@ -9,7 +9,7 @@ import torch
 
 from rlcli.config import ConfigError, compose
 from rlcli.learner import batch_logprobs
-from rlcli.rewards import REWARDS
+from rlcli.rewards import space_rate
 from rlcli.rollout import concat_rollouts, select_rows
 from rlcli.shaping import dupo_fill, group_rows, informative_groups
 from rlcli.trainer import collect_batch, setup, train, train_step
@@ -57,32 +57,29 @@ def test_dynamic_sampling_stops_with_a_clear_message():
         "algo=dapo",
         "algo.max_gen_batches=2",
         "sampler.max_new_tokens=16",
-        "algo.overlong_cache_len=0",
     )
     with pytest.raises(ConfigError, match="found only 0 of 4 groups .* algo.max_gen_batches=2"):
         collect_batch(run)
 
 
 def test_dynamic_sampling_keeps_only_informative_groups():
-    run = tiny_run(
-        "algo=dapo", "reward=space_rate", "sampler.max_new_tokens=16", "algo.overlong_cache_len=0"
-    )
+    run = tiny_run("algo=dapo", "reward=space_rate", "sampler.max_new_tokens=16")
     batch, scores, metrics = collect_batch(run)
     assert len(batch.texts) == 16 and metrics["batch/gen_batches"] >= 1
     assert informative_groups(scores.view(4, 4)).all()
 
 
-def half_constant_reward(responses, answers):
+def half_constant_reward(prompts, responses, answers, **fields):
     """Constant 1.0 for prompts with an even answer (all-equal groups), else whitespace share."""
-    rates = REWARDS["space_rate"](responses, answers)
-    return [1.0 if int(a) % 2 == 0 else r for r, a in zip(rates, answers, strict=True)]
+    pairs = zip(responses, answers, strict=True)
+    return [1.0 if int(a) % 2 == 0 else space_rate(r) for r, a in pairs]
 
 
-def test_dupo_fill_replaces_all_equal_groups(monkeypatch):
-    monkeypatch.setitem(REWARDS, "half_constant", half_constant_reward)
+def test_dupo_fill_replaces_all_equal_groups():
     run = tiny_run(
         "algo=dupo",
-        "reward.name=half_constant",
+        "reward=python",
+        "reward.function=test_shaping:half_constant_reward",
         "trainer.prompts_per_step=8",
         "sampler.max_new_tokens=8",
     )
@@ -101,7 +98,7 @@ def test_overlong_filter_removes_truncated_responses_from_the_loss():
         "algo=dapo",
         "reward=space_rate",
         "sampler.max_new_tokens=16",
-        "algo.overlong_cache_len=4",
+        "reward.overlong_cache_len=4",
         "algo.dynamic_sampling=false",
     )
     before = [p.clone() for p in run.policy.parameters()]
@@ -110,7 +107,7 @@ def test_overlong_filter_removes_truncated_responses_from_the_loss():
     assert metrics["grad_norm"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, run.policy.parameters(), strict=True))
     # Soft overlong punishment: every response is at the limit, so each gets -1.
-    assert metrics["reward/overlong_penalty_mean"] == pytest.approx(-1.0)
+    assert metrics["reward/overlong"] == pytest.approx(-1.0)
 
 
 def test_dcpo_state_is_saved_with_checkpoints(tmp_path):

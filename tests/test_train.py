@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlcli.config import compose
-from rlcli.trainer import setup, train_step
+from rlcli.rewards import space_rate
+from rlcli.trainer import collect_batch, setup, train_step
 
 
 @pytest.mark.parametrize("sampler", ["vllm", "hf"])
@@ -95,7 +96,8 @@ def test_rlcli_help_lists_commands_and_groups():
     assert "train" in rlcli("--help").stdout
     help_text = rlcli("train", "--help").stdout
     algos = "algo: dapo, dcpo, dr_grpo, dupo, grpo, gspo, gspo_token, ppo, rloo"
-    for line in [algos, "model: smollm2_135m, tiny", "reward: math, space_rate"]:
+    rewards = "reward: countdown, dapo, dcpo, format, math, math_format, process, python, "
+    for line in [algos, "model: smollm2_135m, tiny", rewards + "reward_model, space_rate"]:
         assert line in help_text
 
 
@@ -105,4 +107,28 @@ def test_bad_values_exit_2_with_a_message_and_no_traceback(tmp_path):
     assert "algo.clip='nope' is not one of the valid choices" in out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     out = rlcli("frobnicate")
-    assert out.returncode == 2 and "valid commands: train" in out.stderr
+    assert out.returncode == 2 and "valid commands: train, filter" in out.stderr
+
+
+def flaky_space_rate(prompts, responses, answers, **fields):
+    """The whitespace share, but it raises on any response whose length is a multiple of 3."""
+    for r in responses:
+        if len(r) % 3 == 0:
+            raise ZeroDivisionError(f"a bug in the user's reward, length {len(r)}")
+    return [space_rate(r) for r in responses]
+
+
+def test_a_reward_failing_on_some_samples_does_not_stop_the_run(tiny_overrides):
+    run = setup(
+        compose([*tiny_overrides, "reward=python", "reward.function=test_train:flaky_space_rate"])
+    )
+    batch, scores, metrics = collect_batch(run)
+    failing = [len(t) % 3 == 0 for t in batch.texts]
+    assert 0 < sum(failing) < len(failing)
+    assert scores.isnan().tolist() == failing  # exactly those samples are missing
+    assert metrics["reward/errors"] == sum(failing)
+    before = [p.clone() for p in run.policy.parameters()]
+    steps = [train_step(run) for _ in range(3)]
+    assert all(m["reward/errors"] > 0 for m in steps)
+    assert all(0 < m["reward/mean"] < 1 for m in steps)  # the mean of the scored ones
+    assert not all(torch.equal(a, b) for a, b in zip(before, run.policy.parameters(), strict=True))
