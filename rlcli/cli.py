@@ -19,12 +19,15 @@ commands:
             `rlcli train --help` lists the config groups and their choices
   filter    drop the prompts a model always solves (DUPO's pre-filter) and write the rest:
             rlcli filter data=... model=... reward=... [filter.k=8]
+  pairs     write best-vs-worst pairs of sampled responses for algo=dpo:
+            rlcli pairs data=... model=... reward=... [pairs.k=8]
 
 examples:
   rlcli train                                  GRPO on SmolLM2-135M with arithmetic problems
   rlcli train model=tiny reward=space_rate     a quick run on a tiny random model
   rlcli train -m trainer.lr=1e-6,3e-6          a sweep (Hydra multirun)
   rlcli filter data=gsm8k filter.k=16          keep the prompts SmolLM2 does not always solve
+  rlcli pairs pairs.out=p.jsonl && rlcli train algo=dpo data=pairs data.path=p.jsonl
 """
 
 
@@ -55,9 +58,17 @@ def _job(raw, work) -> None:
 
 
 def _train(cfg, run_dir: Path) -> None:
-    from rlcli.trainer import train
-
+    if cfg.algo.objective == "dpo":
+        from rlcli.dpo import train
+    else:
+        from rlcli.trainer import train
     train(cfg, run_dir)
+
+
+def _pairs(cfg, run_dir: Path) -> None:
+    from rlcli.preference import make_pairs
+
+    make_pairs(cfg, run_dir)
 
 
 def _filter(cfg, run_dir: Path) -> None:
@@ -84,6 +95,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
 COMMANDS = {
     "train": lambda argv: _hydra_command("train", _train, argv),
     "filter": lambda argv: _hydra_command("filter", _filter, argv),
+    "pairs": lambda argv: _hydra_command("pairs", _pairs, argv),
 }
 
 

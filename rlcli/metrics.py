@@ -10,10 +10,11 @@ from tqdm import tqdm
 
 
 class MetricsLog:
-    """Appends each step's metrics to `<run_dir>/metrics.jsonl` and updates a progress bar."""
+    """Appends each step's metrics to `<run_dir>/metrics.jsonl` and updates a progress bar
+    showing the step, the `headline` metric and the seconds per step."""
 
-    def __init__(self, run_dir: Path, total_steps: int, progress: bool):
-        self.path = run_dir / "metrics.jsonl"
+    def __init__(self, run_dir: Path, total_steps: int, progress: bool, headline="reward/mean"):
+        self.path, self.headline = run_dir / "metrics.jsonl", headline
         self.file = self.path.open("a")
         self.bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress)
 
@@ -25,7 +26,10 @@ class MetricsLog:
         self.file.write(json.dumps(clean) + "\n")
         self.file.flush()
         self.bar.set_postfix(
-            reward=f"{metrics['reward/mean']:.3f}", step_s=f"{metrics['time/step']:.1f}"
+            {
+                self.headline: f"{metrics[self.headline]:.3f}",
+                "step_s": f"{metrics['time/step']:.1f}",
+            }
         )
         self.bar.update(1)
 

@@ -46,6 +46,43 @@ class Rollout:
         return self.response_mask.sum(-1)
 
 
+def rollout_from_tokens(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    texts: list[str],
+    prompt_ids: list[str],
+    pad_id: int,
+    device,
+    answers: list[str] | None = None,
+    truncated: list[bool] | None = None,
+    sampler_logp: list[list[float]] | None = None,
+) -> Rollout:
+    """Token lists laid out as a Rollout: prompts left-padded, responses right-padded."""
+    width = max(len(p) for p in prompts)
+    span = max(max(len(r) for r in responses), 1)
+    n = len(responses)
+    input_ids = torch.full((n, width + span), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width + span), dtype=torch.long)
+    logp = torch.zeros((n, span))
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        input_ids[row, width - len(prompt) : width] = torch.tensor(prompt, dtype=torch.long)
+        input_ids[row, width : width + len(response)] = torch.tensor(response, dtype=torch.long)
+        attention_mask[row, width - len(prompt) : width + len(response)] = 1
+        if sampler_logp is not None:
+            logp[row, : len(response)] = torch.tensor(sampler_logp[row])
+    return Rollout(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        response_mask=attention_mask[:, width:].to(device),
+        prompt_width=width,
+        texts=texts,
+        truncated=torch.tensor(truncated if truncated is not None else [False] * n),
+        prompt_ids=prompt_ids,
+        answers=answers if answers is not None else [""] * n,
+        sampler_logp=None if sampler_logp is None else logp.to(device),
+    )
+
+
 def response_mask_from(tokens: Tensor, eos_ids: set[int]) -> tuple[Tensor, Tensor]:
     """Mask of response tokens up to and including the first EOS; and which never hit EOS."""
     is_eos = torch.zeros_like(tokens, dtype=torch.bool)

@@ -18,7 +18,7 @@ import os
 import torch
 
 from rlcli.config import ConfigError, SamplerConfig
-from rlcli.rollout import Rollout
+from rlcli.rollout import Rollout, rollout_from_tokens
 
 # The engine core runs in this process, so weights are handed over by reference.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -178,29 +178,18 @@ class VLLMSampler:
 
     def _rollout(self, prompt_tokens, completions, group_size, prompt_ids, answers) -> Rollout:
         """Lay the engine's outputs out as a Rollout (left-padded prompts, right-padded replies)."""
-        pad = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompt_tokens)
-        span = max(max(len(c.token_ids) for c in completions), 1)
-        n = len(completions)
-        input_ids = torch.full((n, width + span), pad, dtype=torch.long)
-        attention_mask = torch.zeros((n, width + span), dtype=torch.long)
-        sampler_logp = torch.zeros((n, span))
-        for row, (prompt, c) in enumerate(zip(prompt_tokens, completions, strict=True)):
-            tokens = list(c.token_ids)
-            input_ids[row, width - len(prompt) : width] = torch.tensor(prompt)
-            input_ids[row, width : width + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            attention_mask[row, width - len(prompt) : width + len(tokens)] = 1
-            sampler_logp[row, : len(tokens)] = torch.tensor(
-                [step[token].logprob for step, token in zip(c.logprobs, tokens, strict=True)]
-            )
-        return Rollout(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            response_mask=attention_mask[:, width:].to(self.device),
-            prompt_width=width,
+        responses = [list(c.token_ids) for c in completions]
+        return rollout_from_tokens(
+            prompt_tokens,
+            responses,
             texts=[c.text for c in completions],
-            truncated=torch.tensor([c.finish_reason == "length" for c in completions]),
             prompt_ids=[p for p in prompt_ids for _ in range(group_size)],
+            pad_id=self.tokenizer.pad_token_id,
+            device=self.device,
             answers=[a for a in answers for _ in range(group_size)],
-            sampler_logp=sampler_logp.to(self.device),
+            truncated=[c.finish_reason == "length" for c in completions],
+            sampler_logp=[
+                [step[token].logprob for step, token in zip(c.logprobs, r, strict=True)]
+                for c, r in zip(completions, responses, strict=True)
+            ],
         )

@@ -22,6 +22,8 @@ def test_every_group_choice_composes_and_validates(group, choice):
         ("reward", "python"): ["reward.function=my_rewards.py:score"],
         ("reward", "reward_model"): ["reward.model_path=some/rm"],
         ("reward", "process"): ["reward.model_path=some/prm", "algo.advantage=grpo_process"],
+        ("algo", "dpo"): ["data=pairs", "data.path=pairs.jsonl"],
+        ("data", "pairs"): ["algo=dpo", "data.path=pairs.jsonl"],
     }
     extra = needs.get((group, choice), [])
     cfg = compose([f"{group}={choice}", *extra])
@@ -71,6 +73,10 @@ def test_defaults_are_grpo_smollm2_arith_math_vllm():
         (["trainer.group_size=1"], "trainer.group_size=1"),
         (["trainer.mini_batches=3"], "divisor of 16"),
         (["data=jsonl"], "data.path"),
+        (["algo=dpo"], "algo=dpo goes with data=pairs"),
+        (["data=pairs", "data.path=p.jsonl"], "algo=dpo goes with data=pairs"),
+        (["algo=dpo", "data=pairs", "data.path=p.jsonl", "algo.beta=0"], "algo.beta > 0"),
+        (["pairs.k=1"], "pairs.k=1"),
         (["sampler=hf", "+sampler.stop=[x]"], "sampler.stop=['x'] needs sampler=vllm"),
         (["sampler=hf", "+sampler.old_logp=sampler"], "needs sampler=vllm"),
         (["sampler.old_logp=vllm"], "valid choices: learner, sampler"),

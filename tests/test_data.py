@@ -58,6 +58,7 @@ def test_every_adapter_has_a_yaml_named_after_it_with_known_fields_only():
         "gsm8k",
         "jsonl",
         "math",
+        "pairs",
         "parquet",
     ]
     assert sorted(ANSWER_FORMATS) == ["boxed", "gsm8k", "plain"]
@@ -451,11 +452,11 @@ def test_a_missing_field_names_the_row_and_the_fields_present(tmp_path):
     rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 2?"}]
     path = write_jsonl(tmp_path / "probs.jsonl", rows)
     with pytest.raises(
-        ConfigError, match=r"Row 1 of .* no field 'answer' \(fields present: question\)"
+        ConfigError, match=r"no field 'answer' in row 1 of .* \(fields present: question\)"
     ):
         load_splits(data_cfg("jsonl", path=str(path)))
     with pytest.raises(
-        ConfigError, match=r"no field 'problem' \(fields present: question, answer\)"
+        ConfigError, match=r"no field 'problem' in row 0 .* \(fields present: question, answer\)"
     ):
         load_splits(data_cfg("math", path=str(FIXTURES / "gsm8k.jsonl")))
     nested = str(FIXTURES / "dapo_math_17k.parquet")

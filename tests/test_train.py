@@ -95,7 +95,7 @@ def test_rlcli_train_writes_metrics_config_and_checkpoint(tmp_path):
 def test_rlcli_help_lists_commands_and_groups():
     assert "train" in rlcli("--help").stdout
     help_text = rlcli("train", "--help").stdout
-    algos = "algo: dapo, dcpo, dr_grpo, dupo, grpo, gspo, gspo_token, ppo, rloo"
+    algos = "algo: dapo, dcpo, dpo, dr_grpo, dupo, grpo, gspo, gspo_token, ppo, rloo"
     rewards = "reward: countdown, dapo, dcpo, format, math, math_format, process, python, "
     for line in [algos, "model: smollm2_135m, tiny", rewards + "reward_model, space_rate"]:
         assert line in help_text
@@ -107,7 +107,7 @@ def test_bad_values_exit_2_with_a_message_and_no_traceback(tmp_path):
     assert "algo.clip='nope' is not one of the valid choices" in out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     out = rlcli("frobnicate")
-    assert out.returncode == 2 and "valid commands: train, filter" in out.stderr
+    assert out.returncode == 2 and "valid commands: train, filter, pairs" in out.stderr
 
 
 def flaky_space_rate(prompts, responses, answers, **fields):

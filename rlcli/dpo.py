@@ -1,0 +1,200 @@
+"""DPO training (Rafailov et al. 2023): `rlcli train algo=dpo data=pairs data.path=...`.
+
+Reads top to bottom like the RL trainer: `setup` loads the pairs and the policy, computes
+every pair's reference log-probs once with the frozen reference model and then frees it (so
+the reference never sits in memory during training); each `train_step` takes
+`trainer.prompts_per_step` pairs, sums the policy's log-probs of the chosen and the rejected
+reply, and minimises the DPO loss of `rlcli.ops.policy_loss.dpo_loss`. The learner divides
+no logits by a temperature here: the pairs were not sampled by this policy.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rlcli.checkpoint import save_checkpoint
+from rlcli.config import Config
+from rlcli.data import PromptStream, load_splits
+from rlcli.learner import micro_batches, token_logprobs
+from rlcli.metrics import MetricsLog
+from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
+from rlcli.ops.policy_loss import dpo_loss
+from rlcli.preference import Pair
+from rlcli.rollout import Rollout, rollout_from_tokens
+from rlcli.trainer import seed_everything
+
+
+def encode_pairs(tokenizer, pairs: list[Pair], max_length: int, device) -> Rollout:
+    """2n rows: the n chosen replies, then the n rejected ones, each after its prompt.
+
+    The prompt is rendered with the chat template (generation prompt added) and cut from the
+    left to half of `max_length` at most; the reply, ended by EOS, fills the rest.
+    """
+    prompts, replies = [], []
+    for reply_of in ("chosen", "rejected"):
+        for pair in pairs:
+            if tokenizer.chat_template:
+                text = tokenizer.apply_chat_template(
+                    pair.prompt, tokenize=False, add_generation_prompt=True
+                )
+            else:
+                text = "\n".join(m["content"] for m in pair.prompt) + "\n"
+            prompt = tokenizer(text, add_special_tokens=False).input_ids[-(max_length // 2) :]
+            reply = tokenizer(getattr(pair, reply_of), add_special_tokens=False).input_ids
+            reply = [*reply, tokenizer.eos_token_id][: max_length - len(prompt)]
+            prompts.append(prompt)
+            replies.append(reply)
+    texts = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    ids = [p.id for p in pairs] * 2
+    return rollout_from_tokens(prompts, replies, texts, ids, tokenizer.pad_token_id, device)
+
+
+def sequence_logprobs(model, batch: Rollout, rows: Tensor, micro_pairs: int) -> Tensor:
+    """Summed log-prob of each reply at `rows` under `model` (no grad). [len(rows)]"""
+    out = torch.zeros(len(rows), device=batch.input_ids.device)
+    offset = 0
+    with torch.no_grad():
+        for idx, ids, att, width, mask in micro_batches(batch, rows, 2 * micro_pairs):
+            logp = token_logprobs(model, ids, att, width)[0][:, : mask.shape[1]]
+            out[offset : offset + len(idx)] = (logp * mask).sum(-1)
+            offset += len(idx)
+    return out
+
+
+@dataclass
+class DpoRun:
+    """Everything a DPO run holds between steps."""
+
+    cfg: Config
+    model_path: str
+    device: torch.device
+    tokenizer: object
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    pairs: PromptStream  # over the training pairs
+    reference: dict[str, tuple[float, float]]  # pair id -> reference (chosen, rejected) log-prob
+    test_pairs: list[Pair]
+
+
+def reference_logprobs(model, tokenizer, pairs: list[Pair], cfg: Config, device) -> dict:
+    """Every pair's summed (chosen, rejected) log-probs under the reference, in batches."""
+    cache, n = {}, cfg.trainer.micro_batch_size
+    for start in range(0, len(pairs), n):
+        chunk = pairs[start : start + n]
+        batch = encode_pairs(tokenizer, chunk, cfg.algo.max_length, device)
+        rows = torch.arange(2 * len(chunk), device=device)
+        logp = sequence_logprobs(model, batch, rows, n).tolist()
+        for i, pair in enumerate(chunk):
+            cache[pair.id] = (logp[i], logp[len(chunk) + i])
+    return cache
+
+
+def setup(cfg: Config) -> DpoRun:
+    t = cfg.trainer
+    seed_everything(t.seed)
+    device = pick_device(t.device)
+    train_pairs, test_pairs = load_splits(cfg.data)  # data=pairs: lists of Pair
+    model_path = resolve_model_path(cfg.model, t.seed)
+    tokenizer = load_tokenizer(model_path)
+    # The reference is the initial policy: its log-probs are computed once and cached, and
+    # the model is dropped before training starts.
+    reference = load_causal_lm(model_path, t.dtype, device, trainable=False)
+    cache = reference_logprobs(reference, tokenizer, train_pairs + test_pairs, cfg, device)
+    del reference
+    gc.collect()
+    policy = load_causal_lm(model_path, t.dtype, device)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    return DpoRun(
+        cfg, model_path, device, tokenizer, policy, optimizer,
+        PromptStream(train_pairs, t.seed), cache, test_pairs,
+    )  # fmt: skip
+
+
+def pair_metrics(run: DpoRun, pairs: list[Pair]) -> dict[str, float]:
+    """DPO's diagnostics of the current policy on `pairs` (no update): reward accuracy (share
+    of pairs whose chosen reply has the higher implicit reward), margin, loss."""
+    n, beta = run.cfg.trainer.micro_batch_size, run.cfg.algo.beta
+    losses, chosen_r, rejected_r = [], [], []
+    for start in range(0, len(pairs), n):
+        chunk = pairs[start : start + n]
+        batch = encode_pairs(run.tokenizer, chunk, run.cfg.algo.max_length, run.device)
+        logp = sequence_logprobs(run.policy, batch, torch.arange(2 * len(chunk)), n)
+        ref = torch.tensor([run.reference[p.id] for p in chunk], device=run.device)
+        loss, r_w, r_l = dpo_loss(
+            logp[: len(chunk)], logp[len(chunk) :], ref[:, 0], ref[:, 1], beta
+        )
+        losses.append(loss)
+        chosen_r.append(r_w)
+        rejected_r.append(r_l)
+    loss, r_w, r_l = torch.cat(losses), torch.cat(chosen_r), torch.cat(rejected_r)
+    return {
+        "loss": loss.mean().item(),
+        "reward/accuracy": (r_w > r_l).float().mean().item(),
+        "reward/margin": (r_w - r_l).mean().item(),
+    }
+
+
+def train_step(run: DpoRun) -> dict[str, float]:
+    """One optimiser step on `prompts_per_step` pairs, in micro-batches of pairs."""
+    t, beta = run.cfg.trainer, run.cfg.algo.beta
+    start = time.perf_counter()
+    pairs = run.pairs.take(t.prompts_per_step)
+    run.optimizer.zero_grad(set_to_none=True)
+    sums = dict.fromkeys(
+        ["loss", "reward/accuracy", "reward/margin", "reward/chosen", "reward/rejected",
+         "logp/chosen", "logp/rejected"], 0.0,
+    )  # fmt: skip
+    for first in range(0, len(pairs), t.micro_batch_size):
+        chunk = pairs[first : first + t.micro_batch_size]
+        batch = encode_pairs(run.tokenizer, chunk, run.cfg.algo.max_length, run.device)
+        logp, _ = token_logprobs(run.policy, batch.input_ids, batch.attention_mask,
+                                 batch.prompt_width)  # fmt: skip
+        seq = (logp * batch.response_mask).sum(-1)  # [2b]: chosen, then rejected
+        ref = torch.tensor([run.reference[p.id] for p in chunk], device=run.device)
+        n = len(chunk)
+        loss, r_w, r_l = dpo_loss(seq[:n], seq[n:], ref[:, 0], ref[:, 1], beta)
+        (loss.sum() / len(pairs)).backward()  # the mean over the step's pairs
+        values = {
+            "loss": loss.detach(), "reward/accuracy": (r_w > r_l).float(),
+            "reward/margin": r_w - r_l, "reward/chosen": r_w, "reward/rejected": r_l,
+            "logp/chosen": seq[:n].detach(), "logp/rejected": seq[n:].detach(),
+        }  # fmt: skip
+        for key, value in values.items():
+            sums[key] += value.sum().item()
+    limit = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(), limit))
+    run.optimizer.step()
+    return {
+        **{key: value / len(pairs) for key, value in sums.items()},
+        "grad_norm": grad_norm,
+        "time/step": time.perf_counter() - start,
+    }
+
+
+def train(cfg: Config, run_dir: Path) -> Path:
+    """`cfg.trainer.max_steps` DPO steps; held-out pair metrics before and after."""
+    t = cfg.trainer
+    run = setup(cfg)
+    print(f"rlcli: DPO on {len(run.pairs.problems)} pairs with {run.model_path} on {run.device}")
+    log = MetricsLog(run_dir, t.max_steps, cfg.logger.progress, headline="reward/accuracy")
+    if run.test_pairs:
+        before = pair_metrics(run, run.test_pairs)
+        log.bar.write(f"rlcli: held-out pairs before training: {before}")
+    for step in range(1, t.max_steps + 1):
+        metrics = {"step": step, **train_step(run)}
+        if step == t.max_steps and run.test_pairs:
+            metrics.update({f"eval/{k}": v for k, v in pair_metrics(run, run.test_pairs).items()})
+        log.log(metrics)
+        if step == t.max_steps or (t.save_every and step % t.save_every == 0):
+            state = {"data_position": run.pairs.position}
+            save_checkpoint(run_dir, step, run.policy, run.tokenizer, run.optimizer, state)
+    log.close()
+    print(f"rlcli: metrics in {log.path}")
+    print(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
+    return log.path
