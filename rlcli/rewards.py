@@ -17,6 +17,16 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+FRACTION = re.compile(r"\s*-?\d+\s*/\s*\d+\s*")
+
+
+def _is_number(parsed: list) -> bool:
+    """Whether math-verify's extraction is one number (12, -3.5, \\frac{1}{2}, 1/2), not
+    an expression to evaluate."""
+    value, raw = parsed[0], parsed[-1]
+    return bool(getattr(value, "is_Number", False)) or (
+        isinstance(raw, str) and FRACTION.fullmatch(raw) is not None
+    )
 
 
 def accuracy(response: str, answer: str) -> float:
@@ -28,11 +38,20 @@ def accuracy(response: str, answer: str) -> float:
     finds no number packed between tags, as in "<answer>47</answer>"). math-verify's own
     signal-based time limits are off: `rlcli.scoring` puts one limit around the whole call
     (two SIGALRM timers cannot nest).
+
+    When the ground truth is a number, the answer must be a number too: math-verify would
+    otherwise evaluate an expression, so restating the question ("12 + 47 is ...") would
+    score as the answer 59 (a reward hack SmolLM2 found in arithmetic).
     """
     blocks = ANSWER_BLOCK.findall(response)
-    gold = parse(answer, parsing_timeout=None)
+    # The ground truth is LaTeX without delimiters (MATH's "2\\sqrt{3}"): math-verify reads
+    # LaTeX between $...$ only, and would otherwise take the "2".
+    delimited = answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
+    gold = parse(delimited, parsing_timeout=None)
     predicted = parse(blocks[-1] if blocks else response, parsing_timeout=None)
-    return float(bool(gold) and bool(predicted) and verify(gold, predicted, timeout_seconds=None))
+    if not gold or not predicted or (_is_number(gold) and not _is_number(predicted)):
+        return 0.0
+    return float(verify(gold, predicted, timeout_seconds=None))
 
 
 def signed_accuracy(response: str, answer: str) -> float:

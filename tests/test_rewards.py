@@ -3,6 +3,7 @@ component logged; failures and time-outs isolated to the sample that caused them
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,11 @@ BOXED = compose(["reward=dcpo"]).reward.pattern
         ("", "47", 0.0),
         ("no number here", "47", 0.0),
         ("x = 1/2", "0.5", 1.0),
+        # Restating the question is no answer (math-verify alone would evaluate it to 59).
+        ("This is a simplified form of 12 + 47", "59", 0.0),
+        ("(15 - 65) = ?", "-50", 0.0),
+        ("\\boxed{2\\sqrt{3}}", "2\\sqrt{3}", 1.0),  # an expression answer stays allowed
+        ("\\boxed{\\sqrt{12}}", "2\\sqrt{3}", 1.0),
         ("\\boxed{\\frac{1}{2}", "0.5", 1.0),  # math-verify forgives an unclosed brace
         ("\\boxed{", "47", 0.0),  # malformed: scored, not a crash
         ("}}}{{{\\\\boxed", "47", 0.0),
@@ -232,3 +238,15 @@ def test_math_reward_grades_the_last_answer_block():
     assert accuracy("<think>maybe 46</think><answer>47</answer>", "47") == 1.0
     assert accuracy("<answer>46</answer> no wait <answer>47</answer>", "47") == 1.0
     assert accuracy("<think>it is 47</think><answer>46</answer>", "47") == 0.0
+
+
+def test_math_reward_grades_the_math_fixtures_latex_answers():
+    from rlcli.data import load_splits
+
+    fixture = str(Path(__file__).parent / "fixtures" / "math.jsonl")
+    problems, _ = load_splits(
+        compose(["data=math", f"data.path={fixture}", "data.num_test=0"]).data
+    )
+    for p in problems:  # "\frac{1}{2}", "2\sqrt{3}"-style answers, read as LaTeX
+        assert accuracy(f"So the answer is $\\boxed{{{p.answer}}}$.", p.answer) == 1.0, p.answer
+        assert accuracy("So the answer is $\\boxed{12345}$.", p.answer) == 0.0, p.answer
