@@ -21,6 +21,10 @@ commands:
             rlcli filter data=... model=... reward=... [filter.k=8]
   pairs     write best-vs-worst pairs of sampled responses for algo=dpo:
             rlcli pairs data=... model=... reward=... [pairs.k=8]
+  eval      held-out accuracy (greedy) and pass@k of a model: writes eval.json
+            rlcli eval model.path=... data=... [eval.k=8]
+  plot      redraw the curves of runs side by side: rlcli plot RUN_DIR... [--out FILE]
+  recipes   list the paper setups in recipes/: rlcli train recipe=NAME runs one
 
 examples:
   rlcli train                                  GRPO on SmolLM2-135M with arithmetic problems
@@ -71,6 +75,24 @@ def _pairs(cfg, run_dir: Path) -> None:
     make_pairs(cfg, run_dir)
 
 
+def _eval(cfg, run_dir: Path) -> None:
+    from rlcli.evaluate import evaluate_model
+
+    evaluate_model(cfg, run_dir)
+
+
+def _plot(argv: list[str]) -> None:
+    from rlcli.plots import plot_command
+
+    plot_command(argv)
+
+
+def _recipes(argv: list[str]) -> None:
+    from rlcli.recipes import recipes_command
+
+    recipes_command(argv)
+
+
 def _filter(cfg, run_dir: Path) -> None:
     from rlcli.filter import filter_dataset
 
@@ -96,6 +118,9 @@ COMMANDS = {
     "train": lambda argv: _hydra_command("train", _train, argv),
     "filter": lambda argv: _hydra_command("filter", _filter, argv),
     "pairs": lambda argv: _hydra_command("pairs", _pairs, argv),
+    "eval": lambda argv: _hydra_command("eval", _eval, argv),
+    "plot": _plot,
+    "recipes": _recipes,
 }
 
 

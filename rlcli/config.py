@@ -176,12 +176,27 @@ class TrainerConfig:
     device: str = "auto"
     dtype: str = "float32"
     save_every: int = 50
+    eval_every: int = 0
 
 
 @dataclass
 class LoggerConfig:
+    name: str = "jsonl"
     progress: bool = True
     sample_every: int = 0
+    project: str = "rlcli"
+    entity: str | None = None
+    run_name: str | None = None
+    table_every: int = 10
+
+
+@dataclass
+class EvalConfig:
+    k: int = 8
+    temperature: float = 1.0
+    max_problems: int | None = None
+    prompts_per_batch: int = 32
+    correct_above: float = 0.5
 
 
 @dataclass
@@ -195,6 +210,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     filter: FilterConfig = field(default_factory=FilterConfig)
     pairs: PairsConfig = field(default_factory=PairsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def _choices() -> dict[str, list[str]]:
@@ -216,6 +232,7 @@ def _choices() -> dict[str, list[str]]:
         "model.source": ["smollm2_gguf", "tiny", "hub"],
         "data.name": sorted(DATASETS),
         "data.answer_format": sorted(ANSWER_FORMATS),
+        "logger.name": ["jsonl", "wandb"],
         "trainer.dtype": ["float32", "bfloat16", "float16"],
     }
 
@@ -384,6 +401,17 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(
             f"pairs.k={p.k} must be >= 2 (a pair needs two responses to compare) and "
             f"pairs.prompts_per_batch={p.prompts_per_batch} >= 1."
+        )
+    e = cfg.eval
+    if e.k < 1 or e.prompts_per_batch < 1 or e.temperature <= 0 or t.eval_every < 0:
+        raise ConfigError(
+            f"eval.k={e.k} and eval.prompts_per_batch={e.prompts_per_batch} must be >= 1, "
+            f"eval.temperature={e.temperature} > 0 and trainer.eval_every={t.eval_every} >= 0."
+        )
+    if cfg.logger.name == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            "logger=wandb needs the wandb package, which is not installed: pip install "
+            "'rlcli[wandb]' (or use the default logger=jsonl)."
         )
     f = cfg.filter
     if f.k < 1 or f.prompts_per_batch < 1:

@@ -107,7 +107,10 @@ def test_bad_values_exit_2_with_a_message_and_no_traceback(tmp_path):
     assert "algo.clip='nope' is not one of the valid choices" in out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     out = rlcli("frobnicate")
-    assert out.returncode == 2 and "valid commands: train, filter, pairs" in out.stderr
+    assert (
+        out.returncode == 2
+        and "valid commands: train, filter, pairs, eval, plot, recipes" in out.stderr
+    )
 
 
 def flaky_space_rate(prompts, responses, answers, **fields):
