@@ -103,8 +103,16 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     """Run `work` as a Hydra app over conf/, so overrides, -m and --help work as usual."""
     import hydra
 
-    from rlcli.config import CONF_DIR, with_default_sampler
+    from rlcli.config import CONF_DIR, ConfigError, with_default_sampler
+    from rlcli.recipes import check_recipe_choices, register_recipes
 
+    # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how); an
+    # unknown name is named here, with the valid ones, before Hydra starts.
+    register_recipes()
+    try:
+        check_recipe_choices(argv)
+    except ConfigError as err:
+        _fail(str(err))
     full = with_default_sampler(argv)
     if len(full) > len(argv):
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)

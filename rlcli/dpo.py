@@ -22,11 +22,11 @@ from rlcli.checkpoint import save_checkpoint
 from rlcli.config import Config
 from rlcli.data import PromptStream, load_splits
 from rlcli.learner import micro_batches, token_logprobs
-from rlcli.metrics import MetricsLog
 from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 from rlcli.ops.policy_loss import dpo_loss
 from rlcli.preference import Pair
 from rlcli.rollout import Rollout, rollout_from_tokens
+from rlcli.tracking import Tracker
 from rlcli.trainer import seed_everything
 
 
@@ -182,19 +182,20 @@ def train(cfg: Config, run_dir: Path) -> Path:
     t = cfg.trainer
     run = setup(cfg)
     print(f"rlcli: DPO on {len(run.pairs.problems)} pairs with {run.model_path} on {run.device}")
-    log = MetricsLog(run_dir, t.max_steps, cfg.logger.progress, headline="reward/accuracy")
+    tracker = Tracker(cfg, run_dir, headline="reward/accuracy")
     if run.test_pairs:
         before = pair_metrics(run, run.test_pairs)
-        log.bar.write(f"rlcli: held-out pairs before training: {before}")
+        tracker.write(f"rlcli: held-out pairs before training: {before}")
     for step in range(1, t.max_steps + 1):
         metrics = {"step": step, **train_step(run)}
         if step == t.max_steps and run.test_pairs:
             metrics.update({f"eval/{k}": v for k, v in pair_metrics(run, run.test_pairs).items()})
-        log.log(metrics)
+        tracker.log(metrics)
         if step == t.max_steps or (t.save_every and step % t.save_every == 0):
             state = {"data_position": run.pairs.position}
             save_checkpoint(run_dir, step, run.policy, run.tokenizer, run.optimizer, state)
-    log.close()
-    print(f"rlcli: metrics in {log.path}")
+    curves = tracker.finish()
+    print(f"rlcli: metrics in {tracker.path}")
+    print(f"rlcli: curves in {curves}")
     print(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
-    return log.path
+    return tracker.path

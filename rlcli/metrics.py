@@ -1,4 +1,8 @@
-"""Per-step metrics: one JSON object per line in `metrics.jsonl`, and the progress bar."""
+"""Per-step metrics: one JSON object per line in `metrics.jsonl`, and the progress bar.
+
+`MetricsLog` writes the file during a run; `read_metrics` reads it back for the curves
+(`rlcli.plots`) and sweep summaries (`rlcli.sweep`).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+METRICS_FILE = "metrics.jsonl"
+
 
 class MetricsLog:
     """Appends each step's metrics to `<run_dir>/metrics.jsonl` and updates a progress bar
     showing the step, the `headline` metric and the seconds per step."""
 
     def __init__(self, run_dir: Path, total_steps: int, progress: bool, headline="reward/mean"):
-        self.path, self.headline = run_dir / "metrics.jsonl", headline
+        self.path, self.headline = run_dir / METRICS_FILE, headline
         self.file = self.path.open("a")
         self.bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress)
 
@@ -33,6 +39,26 @@ class MetricsLog:
         )
         self.bar.update(1)
 
+    def write(self, text: str) -> None:
+        """Print a line above the progress bar without breaking it."""
+        self.bar.write(text)
+
     def close(self) -> None:
         self.bar.close()
         self.file.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of `<run_dir>/metrics.jsonl`, nulls (non-finite numbers) as NaN.
+
+    Raises FileNotFoundError when the run has no metrics file. A line that is not JSON is
+    skipped: a job killed while writing leaves a partial last line.
+    """
+    rows = []
+    for line in (Path(run_dir) / METRICS_FILE).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        rows.append({k: math.nan if v is None else v for k, v in row.items()})
+    return rows

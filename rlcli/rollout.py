@@ -112,22 +112,33 @@ class HFSampler:
 
     @torch.no_grad()
     def sample(
-        self, prompts: list[str], group_size: int, prompt_ids: list[str], answers: list[str]
+        self,
+        prompts: list[str],
+        group_size: int,
+        prompt_ids: list[str],
+        answers: list[str],
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> Rollout:
+        """`group_size` responses per prompt; `temperature` (0 = greedy) and `seed` replace
+        the training ones for one call (evaluation), leaving the global generator as it was."""
         self.tokenizer.padding_side = "left"
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         enc = enc.to(self.model.device)
-        out = self.model.generate(
-            **enc,
-            do_sample=True,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=0,
-            max_new_tokens=self.max_new_tokens,
-            num_return_sequences=group_size,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=sorted(self.eos_ids),
-        )
+        temperature = self.temperature if temperature is None else temperature
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": self.top_p, "top_k": 0}
+        devices = [self.model.device.index or 0] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(
+                **enc,
+                **(sampling if temperature > 0 else {"do_sample": False}),
+                max_new_tokens=self.max_new_tokens,
+                num_return_sequences=group_size,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=sorted(self.eos_ids),
+            )
         width = enc.input_ids.shape[1]
         response = out[:, width:]
         response_mask, truncated = response_mask_from(response, self.eos_ids)

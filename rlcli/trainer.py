@@ -25,14 +25,15 @@ from rlcli.checkpoint import save_checkpoint
 from rlcli.config import Config, ConfigError
 from rlcli.critic import batch_values, gae_advantages, learn_critic, load_critic
 from rlcli.data import Problem, PromptStream, load_splits, render_prompt
+from rlcli.evaluate import EVAL_SEED, evaluate
 from rlcli.learner import Objective, batch_logprobs, learn, lm_loss
-from rlcli.metrics import MetricsLog
 from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 from rlcli.ops.advantages import SasTracker
 from rlcli.reward_models import step_reward_tensors
 from rlcli.rollout import HFSampler, Rollout, concat_rollouts, eos_token_ids, select_rows
 from rlcli.scoring import Sample, Scorer, Scores, nanmean
 from rlcli.shaping import dupo_fill, group_rows, informative_groups
+from rlcli.tracking import RecordingScorer, Tracker
 from rlcli.vllm_sampler import VLLMSampler
 
 
@@ -60,6 +61,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     prompts: PromptStream
+    test_problems: list[Problem]  # held out: trainer.eval_every evaluates on them
     sas: SasTracker  # DCPO's per-prompt state (empty for other estimators)
     beta: float  # KL coefficient; moves when algo.kl_target is set (adaptive controller)
     ptx_texts: list[str]
@@ -109,8 +111,13 @@ def setup(cfg: Config) -> Run:
     device = pick_device(t.device)
     # Data and reward first: a bad data file or reward function should fail before minutes
     # of model loading.
-    train_set, _test_set = load_splits(cfg.data)
+    train_set, test_set = load_splits(cfg.data)
     check_reward_fields(cfg, train_set)
+    if t.eval_every and not test_set:
+        raise ConfigError(
+            f"trainer.eval_every={t.eval_every} needs held-out problems, but data="
+            f"{cfg.data.name} has none: set data.num_test (or data.test_path)."
+        )
     ptx_texts = read_texts(algo.ptx_path) if algo.ptx_coef > 0 else []
     scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
     model_path = resolve_model_path(cfg.model, t.seed)
@@ -149,6 +156,7 @@ def setup(cfg: Config) -> Run:
         optimizer=optimizer,
         scheduler=scheduler,
         prompts=PromptStream(train_set, t.seed),
+        test_problems=test_set,
         sas=SasTracker(),
         beta=algo.beta,
         ptx_texts=ptx_texts,
@@ -157,11 +165,15 @@ def setup(cfg: Config) -> Run:
 
 
 def sample_and_score(
-    sampler, scorer: Scorer, tokenizer, problems: list[Problem], group: int, system_prompt
-) -> tuple[Rollout, Scores]:
-    """Sample a group per problem and score every response (NaN where a reward failed)."""
+    sampler, scorer: Scorer, tokenizer, problems: list[Problem], group: int, system_prompt,
+    temperature: float | None = None, seed: int | None = None,
+) -> tuple[Rollout, Scores]:  # fmt: skip
+    """Sample a group per problem and score every response (NaN where a reward failed).
+
+    `temperature` and `seed` replace the training stream's for this call (evaluation)."""
     prompts = [render_prompt(tokenizer, p.question, system_prompt) for p in problems]
-    batch = sampler.sample(prompts, group, [p.id for p in problems], [p.answer for p in problems])
+    ids, answers = [p.id for p in problems], [p.answer for p in problems]
+    batch = sampler.sample(prompts, group, ids, answers, temperature=temperature, seed=seed)
     rows = [p for p in problems for _ in range(group)]
     samples = [
         Sample(p.question, text, p.answer, p.record, int(n))
@@ -359,13 +371,22 @@ def train(cfg: Config, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     run = setup(cfg)
     print(f"rlcli: training {run.model_path} on {run.device}; writing to {run_dir}")
-    log = MetricsLog(run_dir, t.max_steps, cfg.logger.progress)
+    # The tracker's table of samples shows what the step scored, prompts and rewards included.
+    run.scorer = scored = RecordingScorer(run.scorer)
+    tracker = Tracker(cfg, run_dir)
     for step in range(1, t.max_steps + 1):
-        metrics = {"step": step, **train_step(run)}
+        with scored.recording() as samples:
+            metrics = {"step": step, **train_step(run)}
         sample = metrics.pop("_sample")
-        log.log(metrics)
+        if t.eval_every and (step % t.eval_every == 0 or step == t.max_steps):
+            held_out = evaluate(
+                run.sampler, run.scorer, run.tokenizer, run.test_problems, cfg.eval,
+                cfg.data.system_prompt, t.seed + EVAL_SEED,
+            )  # fmt: skip
+            metrics.update({f"eval/{key}": value for key, value in held_out.items()})
+        tracker.log(metrics, samples)
         if cfg.logger.sample_every and step % cfg.logger.sample_every == 0:
-            log.bar.write(f"[step {step}] {sample!r}")
+            tracker.write(f"[step {step}] {sample!r}")
         if step == t.max_steps or (t.save_every and step % t.save_every == 0):
             state = {
                 "data_position": run.prompts.position,
@@ -375,7 +396,8 @@ def train(cfg: Config, run_dir: Path) -> Path:
             save_checkpoint(run_dir, step, run.policy, run.tokenizer, run.optimizer, state)
             if run.critic is not None:
                 run.critic.save_pretrained(run_dir / "checkpoints" / f"step_{step}" / "critic")
-    log.close()
-    print(f"rlcli: metrics in {log.path}")
+    curves = tracker.finish()
+    print(f"rlcli: metrics in {tracker.path}")
+    print(f"rlcli: curves in {curves}")
     print(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
-    return log.path
+    return tracker.path

@@ -131,8 +131,17 @@ class VLLMSampler:
 
     @torch.no_grad()
     def sample(
-        self, prompts: list[str], group_size: int, prompt_ids: list[str], answers: list[str]
+        self,
+        prompts: list[str],
+        group_size: int,
+        prompt_ids: list[str],
+        answers: list[str],
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> Rollout:
+        """`group_size` responses per prompt. `temperature` (0 = greedy) and `seed` replace
+        the training stream's (sampler.temperature; trainer.seed and the call count) for one
+        call, as evaluation does, leaving the training stream where it was."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -148,7 +157,7 @@ class VLLMSampler:
                 )
         params = SamplingParams(
             n=group_size,
-            temperature=c.temperature,
+            temperature=c.temperature if temperature is None else temperature,
             top_p=c.top_p,
             max_tokens=c.max_new_tokens,
             stop=list(c.stop) or None,
@@ -161,11 +170,11 @@ class VLLMSampler:
         # torch's global generator, seeded here per call and restored afterwards.
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.seed * 1_000_003 + self.calls)
+            torch.manual_seed(self.seed * 1_000_003 + self.calls if seed is None else seed)
             outputs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False
             )
-        self.calls += 1
+        self.calls += seed is None
         if self.device.type == "cuda":
             self.llm.sleep(level=1)  # give the learner the GPU memory of KV cache and weights
             self.asleep = True

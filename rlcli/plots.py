@@ -1,0 +1,170 @@
+"""Training curves from `metrics.jsonl`: each run's `curves.png`, `rlcli plot`, a sweep's chart.
+
+Small multiples against the step, one panel per metric a run logged (reward, response
+length, entropy, clip fraction, KL), one line per run. Drawn with matplotlib's object API
+on the Agg canvas, so nothing needs a display and no pyplot state is shared between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlcli.metrics import METRICS_FILE, read_metrics
+
+CURVES_FILE = "curves.png"
+# Panels with more points than this are drawn as plain lines, fewer get a dot per step.
+MARKER_LIMIT = 40
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel: the first of `keys` a run logs is its line (runs may differ)."""
+
+    keys: tuple[str, ...]
+    requires: str | None = None  # drawn only for runs that also log this key
+
+
+REWARD = Panel(("reward/mean", "reward/accuracy"))  # DPO logs the accuracy of its pairs
+PANELS = (
+    REWARD,
+    # DPO's loss is its objective; the RL surrogate loss says little about progress.
+    Panel(("loss",), requires="reward/accuracy"),
+    Panel(("response/length_mean",)),
+    Panel(("entropy",)),
+    Panel(("clip/frac",)),
+    # KL to the reference when beta > 0, else how far each update moved the policy.
+    Panel(("kl", "policy/approx_kl")),
+)
+
+Runs = dict[str, list[dict]]  # label -> rows of metrics.jsonl
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """Steps and values of `key`, NaN where a step did not log it or logged null (a gap)."""
+    steps = [row["step"] for row in rows]
+    values = [math.nan if row.get(key) is None else float(row[key]) for row in rows]
+    return steps, values
+
+
+def has_values(rows: list[dict], key: str) -> bool:
+    return any(math.isfinite(v) for v in series(rows, key)[1])
+
+
+def panel_key(panel: Panel, rows: list[dict]) -> str | None:
+    """The key this run draws in `panel`, or None when the run has none of its metrics."""
+    if panel.requires and not has_values(rows, panel.requires):
+        return None
+    return next((key for key in panel.keys if has_values(rows, key)), None)
+
+
+def panel_lines(runs: Runs, panels=PANELS) -> list[dict[str, str]]:
+    """Per panel some run has: {label: key} of the runs drawn in it."""
+    lines = []
+    for panel in panels:
+        keys = {label: panel_key(panel, rows) for label, rows in runs.items()}
+        keys = {label: key for label, key in keys.items() if key}
+        if keys:
+            lines.append(keys)
+    return lines
+
+
+def line_styles(labels) -> dict[str, dict]:
+    """A colour per run, and past ten runs a new dash pattern, so no two runs look alike."""
+    dashes = ("-", "--", ":", "-.")
+    return {
+        label: {"color": f"C{i % 10}", "linestyle": dashes[i // 10 % len(dashes)]}
+        for i, label in enumerate(labels)
+    }
+
+
+def draw_panel(ax, runs: Runs, keys: dict[str, str], styles: dict[str, dict]) -> None:
+    """One panel: each run's line of its key against the step."""
+    from matplotlib.ticker import MaxNLocator
+
+    for label, key in keys.items():
+        steps, values = series(runs[label], key)
+        marker = "o" if len(steps) <= MARKER_LIMIT else None
+        ax.plot(steps, values, marker=marker, markersize=3, **styles[label])
+    ax.set_title(" / ".join(dict.fromkeys(keys.values())))
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.get_major_formatter().set_useOffset(False)  # an offset label covers the title
+    ax.grid(alpha=0.3)
+
+
+def draw_curves(runs: Runs, out: Path, title: str = "", panels=PANELS) -> Path:
+    """Small multiples of `panels` against the step, one line per run; writes a PNG.
+
+    A panel is drawn when some run logs one of its metrics; with several runs a legend
+    below the panels names them.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    lines = panel_lines(runs, panels)
+    cols = min(3, max(1, len(lines)))
+    rows = max(1, math.ceil(len(lines) / cols))
+    size = (7.0, 4.5) if len(lines) <= 1 else (4.4 * cols, 3.2 * rows)
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).flatten()
+    styles = line_styles(runs)
+    for ax, keys in zip(axes, lines, strict=False):
+        draw_panel(ax, runs, keys, styles)
+    for ax in axes[len(lines) :]:
+        ax.set_axis_off()
+    if not lines:
+        axes[0].text(0.5, 0.5, "no metrics logged", ha="center", va="center")
+    if len(runs) > 1:
+        handles = [Line2D([], [], marker="o", markersize=3, **style) for style in styles.values()]
+        long_labels = max(len(label) for label in runs) > 30
+        ncols = 1 if long_labels else min(3, len(runs))
+        fig.legend(handles, list(runs), loc="outside lower center", ncols=ncols)
+    if title:
+        fig.suptitle(title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100, bbox_inches="tight")  # "tight" keeps a wide legend whole
+    return out
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """Each run's directory name, or its path as given where two names are the same."""
+    names = [Path(d).resolve().name for d in run_dirs]
+    return [n if names.count(n) == 1 else str(d) for n, d in zip(names, run_dirs, strict=True)]
+
+
+def plot_runs(run_dirs: list[Path], out: Path) -> Path:
+    """Draw the curves of the runs in `run_dirs` (each holding metrics.jsonl) into `out`."""
+    runs = {label: read_metrics(d) for label, d in zip(run_labels(run_dirs), run_dirs, strict=True)}
+    title = next(iter(runs)) if len(runs) == 1 else ""
+    return draw_curves(runs, out, title)
+
+
+def _fail(message: str) -> None:
+    print(f"rlcli: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def plot_command(argv: list[str]) -> None:
+    """`rlcli plot RUN_DIR... [--out FILE]`."""
+    parser = argparse.ArgumentParser(
+        prog="rlcli plot",
+        description="Redraw the training curves of runs side by side (one line per run in "
+        "each panel: reward, response length, entropy, clip fraction, KL).",
+    )
+    parser.add_argument(
+        "run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run directory holding "
+        f"{METRICS_FILE} (runs/<time>, or a sweep's job directory multirun/<time>/<job>)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path(CURVES_FILE), help="the PNG to write")
+    args = parser.parse_args(argv)
+    for run_dir in args.run_dirs:
+        if not (run_dir / METRICS_FILE).is_file():
+            _fail(
+                f"{run_dir} holds no {METRICS_FILE}, so it is not a run directory (for a "
+                "sweep, pass its job directories: rlcli plot multirun/<time>/*)."
+            )
+    print(f"rlcli: curves in {plot_runs(args.run_dirs, args.out)}")

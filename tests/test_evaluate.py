@@ -1,0 +1,89 @@
+"""Held-out evaluation: the unbiased pass@k estimator, `rlcli eval` writing eval.json on the
+tiny model, and evaluation leaving the training samples untouched."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlcli.config import compose
+from rlcli.data import load_splits
+from rlcli.evaluate import evaluate, pass_at_k, pass_at_ks
+from rlcli.trainer import collect_batch, setup
+from tests.test_train import rlcli
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_pass_at_k_is_the_combinatorial_estimator(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            expected = 1 - math.comb(n - c, k) / math.comb(n, k)
+            assert pass_at_k(n, c, k) == pytest.approx(expected), (n, c, k)
+    assert pass_at_k(2, 1, 1) == 0.5 and pass_at_k(2, 1, 2) == 1.0  # by hand
+
+
+def test_pass_at_ks_averages_over_problems():
+    correct = torch.tensor([[True, False, False, False], [False] * 4, [True] * 4])
+    result = pass_at_ks(correct)
+    assert list(result) == ["pass@1", "pass@2", "pass@4"]
+    assert result["pass@1"] == pytest.approx((0.25 + 0 + 1) / 3)
+    assert result["pass@2"] == pytest.approx((0.5 + 0 + 1) / 3)
+    assert result["pass@4"] == pytest.approx(2 / 3)
+
+
+REWARD = """
+def even_answers(prompts, responses, answers, **fields):
+    return [1.0 if int(a) % 2 == 0 else 0.0 for a in answers]
+"""
+
+
+def test_rlcli_eval_writes_accuracy_and_pass_at_k(tmp_path):
+    (tmp_path / "reward.py").write_text(REWARD)
+    data = ["data.num_train=8", "data.num_test=12"]
+    out = rlcli(
+        "eval", "model=tiny", *data, "reward=python",
+        f"reward.function={tmp_path / 'reward.py'}:even_answers", "eval.k=4",
+        "sampler.max_new_tokens=8", f"hydra.run.dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "run" / "eval.json").read_text())
+    _, test = load_splits(compose(data).data)
+    even = sum(int(p.answer) % 2 == 0 for p in test) / len(test)
+    # The reward depends on the problem only: every sample of a problem is right or wrong.
+    assert report["problems"] == 12 and report["accuracy"] == pytest.approx(even)
+    assert report["pass@1"] == pytest.approx(even) and report["pass@4"] == pytest.approx(even)
+    assert {"pass@2", "k", "temperature", "time_s"} <= set(report)
+    assert f"accuracy {even:.3f} (greedy)" in out.stdout
+
+
+def test_evaluation_is_greedy_and_leaves_the_training_samples_alone():
+    overrides = ["model=tiny", "reward=space_rate", "sampler.max_new_tokens=12"]
+    plain = setup(compose([*overrides, "trainer.prompts_per_step=2"]))
+    expected, _, _ = collect_batch(plain)
+
+    run = setup(compose([*overrides, "trainer.prompts_per_step=2", "eval.k=2"]))
+    _, test = load_splits(run.cfg.data)
+    first = evaluate(run.sampler, run.scorer, run.tokenizer, test[:4], run.cfg.eval, None, 1)
+    again = evaluate(run.sampler, run.scorer, run.tokenizer, test[:4], run.cfg.eval, None, 1)
+    assert first == again  # the same seed: greedy and sampled replies repeat
+    batch, _, _ = collect_batch(run)
+    assert batch.texts == expected.texts  # evaluating did not move the training stream
+
+
+def test_trainer_eval_every_logs_held_out_metrics(tmp_path):
+    from rlcli.trainer import train
+
+    cfg = compose(
+        [
+            "model=tiny", "reward=space_rate", "sampler.max_new_tokens=8",
+            "trainer.prompts_per_step=2", "trainer.max_steps=3", "trainer.eval_every=2",
+            "eval.max_problems=4", "eval.k=2", "eval.correct_above=0.05", "logger.progress=false",
+        ]
+    )  # fmt: skip
+    rows = [json.loads(line) for line in train(cfg, tmp_path).read_text().splitlines()]
+    evaluated = [r["step"] for r in rows if "eval/accuracy" in r]
+    assert evaluated == [2, 3]  # every 2 steps, and at the end
+    for r in rows:
+        if "eval/accuracy" in r:
+            assert 0 <= r["eval/accuracy"] <= 1 and r["eval/pass@1"] <= r["eval/pass@2"]
