@@ -78,12 +78,10 @@ def evaluate(
 
 def evaluate_model(cfg: Config, run_dir: Path) -> dict:
     """`rlcli eval`: evaluate the configured model on the held-out split; write eval.json."""
-    from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
-    from rlcli.trainer import check_reward_fields, make_sampler, seed_everything
+    from rlcli.trainer import frozen_sampling, seed_everything
 
     t = cfg.trainer
     seed_everything(t.seed)
-    device = pick_device(t.device)
     _, test = load_splits(cfg.data)
     if not test:
         from rlcli.config import ConfigError
@@ -92,12 +90,7 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
             f"data={cfg.data.name} has no held-out problems to evaluate on: set "
             "data.num_test (or data.test_path)."
         )
-    check_reward_fields(cfg, test)
-    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
-    model_path = resolve_model_path(cfg.model, t.seed)
-    tokenizer = load_tokenizer(model_path)
-    policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
-    sampler = make_sampler(cfg, model_path, tokenizer, policy, device)
+    scorer, model_path, tokenizer, sampler = frozen_sampling(cfg, test)
     n = min(len(test), cfg.eval.max_problems or len(test))
     print(f"rlcli: evaluating {model_path} on {n} held-out problems of data={cfg.data.name}")
     start = time.perf_counter()

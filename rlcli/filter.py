@@ -18,9 +18,7 @@ from tqdm import tqdm
 
 from rlcli.config import Config
 from rlcli.data import Problem, load_splits, write_records
-from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
-from rlcli.scoring import Scorer
-from rlcli.trainer import check_reward_fields, make_sampler, sample_and_score, seed_everything
+from rlcli.trainer import frozen_sampling, sample_and_score, seed_everything
 
 
 def verdicts(scores: torch.Tensor, correct_above: float) -> list[str]:
@@ -46,14 +44,8 @@ def filter_dataset(cfg: Config, run_dir: Path) -> dict:
     """Write the filtered training split; return the report (also written as JSON)."""
     f, t = cfg.filter, cfg.trainer
     seed_everything(t.seed)
-    device = pick_device(t.device)
     problems, _ = load_splits(cfg.data)
-    check_reward_fields(cfg, problems)
-    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
-    model_path = resolve_model_path(cfg.model, t.seed)
-    tokenizer = load_tokenizer(model_path)
-    policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
-    sampler = make_sampler(cfg, model_path, tokenizer, policy, device)
+    scorer, model_path, tokenizer, sampler = frozen_sampling(cfg, problems)
     out = Path(f.out).expanduser() if f.out else run_dir / "filtered.jsonl"
     print(f"rlcli: filtering {len(problems)} prompts with {model_path}, {f.k} samples each")
 

@@ -94,20 +94,12 @@ def best_vs_worst(scores: torch.Tensor, min_margin: float = 0.0) -> list[tuple[i
 def make_pairs(cfg: Config, run_dir: Path) -> dict:
     """`rlcli pairs`: write best-vs-worst pairs of the training prompts; return the report."""
     from rlcli.data import load_splits, write_jsonl
-    from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
-    from rlcli.scoring import Scorer
-    from rlcli.trainer import check_reward_fields, make_sampler, sample_and_score, seed_everything
+    from rlcli.trainer import frozen_sampling, sample_and_score, seed_everything
 
     p, t = cfg.pairs, cfg.trainer
     seed_everything(t.seed)
-    device = pick_device(t.device)
     problems, _ = load_splits(cfg.data)
-    check_reward_fields(cfg, problems)
-    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
-    model_path = resolve_model_path(cfg.model, t.seed)
-    tokenizer = load_tokenizer(model_path)
-    policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
-    sampler = make_sampler(cfg, model_path, tokenizer, policy, device)
+    scorer, model_path, tokenizer, sampler = frozen_sampling(cfg, problems)
     out = Path(p.out).expanduser() if p.out else run_dir / "pairs.jsonl"
     print(f"rlcli: sampling {p.k} responses for each of {len(problems)} prompts with {model_path}")
 

@@ -105,6 +105,19 @@ def make_sampler(
     return HFSampler(policy, tokenizer, s.temperature, s.top_p, s.max_new_tokens)
 
 
+def frozen_sampling(cfg: Config, problems: list[Problem]):
+    """(scorer, model path, tokenizer, sampler) for commands that sample and score a model
+    without training it (`rlcli filter`, `pairs`, `eval`); the reward is checked first."""
+    t = cfg.trainer
+    device = pick_device(t.device)
+    check_reward_fields(cfg, problems)
+    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
+    model_path = resolve_model_path(cfg.model, t.seed)
+    tokenizer = load_tokenizer(model_path)
+    policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
+    return scorer, model_path, tokenizer, make_sampler(cfg, model_path, tokenizer, policy, device)
+
+
 def setup(cfg: Config) -> Run:
     t, algo = cfg.trainer, cfg.algo
     seed_everything(t.seed)
