@@ -7,6 +7,7 @@ a user can fix (`ConfigError`) are printed as one paragraph with exit code 2, no
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -47,18 +48,31 @@ def _job(raw, work) -> None:
     from transformers.utils import logging as hf_logging
 
     from rlcli.config import ConfigError, validate
+    from rlcli.guard import EXIT_CODES, RunStopped
 
     # rlcli draws its own progress bar; transformers' per-load bars would bury it.
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         cfg = validate(raw)
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         work(cfg, run_dir)
     except ConfigError as err:
         _fail(str(err))
+    except RunStopped as stop:
+        print(f"\nrlcli: {stop}", file=sys.stderr)
+        sys.exit(stop.exit_code)
+    except KeyboardInterrupt:
+        # Interrupted before the loop's guard was up, or a second Ctrl-C inside it.
+        print(
+            f"\nrlcli: interrupted; nothing more was saved. Checkpoints written so far are in "
+            f"{run_dir / 'checkpoints'}; rerun the same command with hydra.run.dir={run_dir} "
+            "to continue from the newest.",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_CODES[signal.SIGINT])
 
 
 def _train(cfg, run_dir: Path) -> None:
@@ -103,14 +117,16 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     """Run `work` as a Hydra app over conf/, so overrides, -m and --help work as usual."""
     import hydra
 
-    from rlcli.config import CONF_DIR, ConfigError, with_default_sampler
+    from rlcli.config import CONF_DIR, ConfigError, check_overrides, with_default_sampler
     from rlcli.recipes import check_recipe_choices, register_recipes
 
-    # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how); an
-    # unknown name is named here, with the valid ones, before Hydra starts.
+    # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how). An
+    # unknown recipe, group choice or key is named here, with the valid ones, before Hydra
+    # starts: Hydra's own messages for them run to many lines.
     register_recipes()
     try:
         check_recipe_choices(argv)
+        check_overrides(argv)
     except ConfigError as err:
         _fail(str(err))
     full = with_default_sampler(argv)

@@ -8,6 +8,8 @@ meant for the user (see cli.py, which prints it without a traceback).
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib.util
 import math
 import re
@@ -91,6 +93,8 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 48
+    max_prompt_tokens: int = 512
+    long_prompts: str = "error"
     stop: list[str] = field(default_factory=list)
     old_logp: str = "learner"
     tis_cap: float = 2.0
@@ -176,6 +180,9 @@ class TrainerConfig:
     device: str = "auto"
     dtype: str = "float32"
     save_every: int = 50
+    keep_last: int | None = 2
+    resume: str | None = "auto"
+    max_bad_steps: int = 3
     eval_every: int = 0
 
 
@@ -229,6 +236,7 @@ def _choices() -> dict[str, list[str]]:
         "algo.aggregation": sorted(AGGREGATIONS),
         "sampler.name": ["hf", "vllm"],
         "sampler.old_logp": ["learner", "sampler"],
+        "sampler.long_prompts": ["error", "drop"],
         "model.source": ["smollm2_gguf", "tiny", "hub"],
         "data.name": sorted(DATASETS),
         "data.answer_format": sorted(ANSWER_FORMATS),
@@ -352,6 +360,19 @@ def _check_ranges(cfg: Config) -> None:
             f" gives attention heads of size {head}, which vLLM's kernels do not support; "
             f"choose a head size in {list(VLLM_HEAD_SIZES)} or use sampler=hf."
         )
+    if s.max_prompt_tokens < 1 or (
+        s.name == "vllm" and s.max_prompt_tokens + s.max_new_tokens > s.max_model_len
+    ):
+        raise ConfigError(
+            f"sampler.max_prompt_tokens={s.max_prompt_tokens} must be >= 1, and with "
+            f"sampler.max_new_tokens={s.max_new_tokens} fit in sampler.max_model_len="
+            f"{s.max_model_len} (the engine's context: prompt + response)."
+        )
+    if t.max_bad_steps < 0 or (t.keep_last is not None and t.keep_last < 1):
+        raise ConfigError(
+            f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0 (0 = never stop) and "
+            f"trainer.keep_last={t.keep_last} >= 1 or null (keep every checkpoint)."
+        )
     if s.tis_cap < 1:
         raise ConfigError(
             f"sampler.tis_cap={s.tis_cap} is not allowed: the truncation cap C of the "
@@ -419,6 +440,56 @@ def _check_ranges(cfg: Config) -> None:
             f"filter.k={f.k} and filter.prompts_per_batch={f.prompts_per_batch} must be >= 1."
         )
     _check_reward(cfg)
+
+
+def group_choices(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
+    """Each config group of conf/ (algo, reward, ...) and its choices (the YAML file names)."""
+    return {
+        d.name: sorted(f.stem for f in d.glob("*.yaml"))
+        for d in sorted(conf_dir.iterdir())
+        if d.is_dir() and any(d.glob("*.yaml"))
+    }
+
+
+def unknown_key_message(key: str) -> str | None:
+    """None when `key` (dotted) is a field of the config; else a message naming the valid keys."""
+    node, parts = Config(), key.split(".")
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the config"
+        if not dataclasses.is_dataclass(node):
+            return f"{key} is not a config key: {where} is a value, not a section."
+        valid = sorted(f.name for f in dataclasses.fields(node))
+        if part not in valid:
+            close = difflib.get_close_matches(part, valid, n=1)
+            hint = f" Did you mean {'.'.join([*parts[:depth], close[0]])}?" if close else ""
+            return (
+                f"{key} is not a config key: {where} has no {part!r}.{hint} Valid keys of "
+                f"{where}: {', '.join(valid)}."
+            )
+        node = getattr(node, part)
+    return None
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Raise ConfigError for a group choice that does not exist or a key that is not in the
+    config, before Hydra composes (whose own messages span many lines)."""
+    groups = group_choices()
+    for override in overrides:
+        key, sign, value = override.partition("=")
+        key = key.lstrip("+")
+        if not sign or key.startswith(("hydra", "~", "-")) or "@" in key or key == "recipe":
+            continue
+        if key in groups:
+            # A sweep (-m) lists choices with commas; other sweep syntax is left to Hydra.
+            chosen = [] if "(" in value else value.split(",")
+            for name in chosen:
+                if name not in groups[key] and name != "null":
+                    raise ConfigError(
+                        f"{key}={name} is not one of the valid choices for {key}: "
+                        f"{', '.join(groups[key])}."
+                    )
+        elif (message := unknown_key_message(key)) is not None:
+            raise ConfigError(message)
 
 
 def validate(raw: DictConfig) -> Config:

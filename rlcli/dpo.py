@@ -11,6 +11,7 @@ no logits by a temperature here: the pairs were not sampled by this policy.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rlcli.checkpoint import save_checkpoint
+from rlcli.checkpoint import (
+    load_checkpoint,
+    remove_incomplete,
+    restore_rng,
+    resume_point,
+    rng_state,
+    save_checkpoint,
+)
 from rlcli.config import Config
 from rlcli.data import PromptStream, load_splits
+from rlcli.guard import LoopGuard
 from rlcli.learner import micro_batches, token_logprobs
 from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 from rlcli.ops.policy_loss import dpo_loss
@@ -80,6 +89,7 @@ class DpoRun:
     pairs: PromptStream  # over the training pairs
     reference: dict[str, tuple[float, float]]  # pair id -> reference (chosen, rejected) log-prob
     test_pairs: list[Pair]
+    step: int = 0  # optimiser steps done (more than 0 when resumed from a checkpoint)
 
 
 def reference_logprobs(model, tokenizer, pairs: list[Pair], cfg: Config, device) -> dict:
@@ -95,7 +105,8 @@ def reference_logprobs(model, tokenizer, pairs: list[Pair], cfg: Config, device)
     return cache
 
 
-def setup(cfg: Config) -> DpoRun:
+def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
+    """The pairs, the policy (from `checkpoint` when resuming) and the cached reference."""
     t = cfg.trainer
     seed_everything(t.seed)
     device = pick_device(t.device)
@@ -108,12 +119,18 @@ def setup(cfg: Config) -> DpoRun:
     cache = reference_logprobs(reference, tokenizer, train_pairs + test_pairs, cfg, device)
     del reference
     gc.collect()
-    policy = load_causal_lm(model_path, t.dtype, device)
+    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    return DpoRun(
+    run = DpoRun(
         cfg, model_path, device, tokenizer, policy, optimizer,
         PromptStream(train_pairs, t.seed), cache, test_pairs,
     )  # fmt: skip
+    if checkpoint is not None:
+        state, tensors = load_checkpoint(checkpoint)
+        run.optimizer.load_state_dict(tensors["optimizer"])
+        run.step, run.pairs.position = state["step"], state["data_position"]
+        restore_rng(state["rng"])
+    return run
 
 
 def pair_metrics(run: DpoRun, pairs: list[Pair]) -> dict[str, float]:
@@ -169,31 +186,49 @@ def train_step(run: DpoRun) -> dict[str, float]:
             sums[key] += value.sum().item()
     limit = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(), limit))
-    run.optimizer.step()
+    finite = math.isfinite(sums["loss"]) and math.isfinite(grad_norm)
+    if finite:  # a NaN update would poison every weight; the loop counts the skipped ones
+        run.optimizer.step()
     return {
         **{key: value / len(pairs) for key, value in sums.items()},
         "grad_norm": grad_norm,
+        "nonfinite/skipped_updates": float(not finite),
         "time/step": time.perf_counter() - start,
     }
 
 
 def train(cfg: Config, run_dir: Path) -> Path:
-    """`cfg.trainer.max_steps` DPO steps; held-out pair metrics before and after."""
+    """DPO steps up to `cfg.trainer.max_steps`; held-out pair metrics before and after."""
     t = cfg.trainer
-    run = setup(cfg)
+    checkpoint = resume_point(t.resume, run_dir)
+    remove_incomplete(run_dir)
+    run = setup(cfg, checkpoint)
     print(f"rlcli: DPO on {len(run.pairs.problems)} pairs with {run.model_path} on {run.device}")
-    tracker = Tracker(cfg, run_dir, headline="reward/accuracy")
-    if run.test_pairs:
+    if checkpoint is not None:
+        print(f"rlcli: resuming from {checkpoint} (step {run.step})")
+    tracker = Tracker(cfg, run_dir, headline="reward/accuracy", first_step=run.step + 1)
+    if run.test_pairs and run.step == 0:
         before = pair_metrics(run, run.test_pairs)
         tracker.write(f"rlcli: held-out pairs before training: {before}")
-    for step in range(1, t.max_steps + 1):
-        metrics = {"step": step, **train_step(run)}
-        if step == t.max_steps and run.test_pairs:
-            metrics.update({f"eval/{k}": v for k, v in pair_metrics(run, run.test_pairs).items()})
-        tracker.log(metrics)
-        if step == t.max_steps or (t.save_every and step % t.save_every == 0):
-            state = {"data_position": run.pairs.position}
-            save_checkpoint(run_dir, step, run.policy, run.tokenizer, run.optimizer, state)
+    with LoopGuard(t.max_bad_steps, tracker.write) as guard:
+        while run.step < t.max_steps:
+            run.step += 1
+            metrics = {"step": run.step, **train_step(run)}
+            if run.step == t.max_steps and run.test_pairs:
+                held_out = pair_metrics(run, run.test_pairs)
+                metrics.update({f"eval/{k}": v for k, v in held_out.items()})
+            tracker.log(metrics)
+            guard.observe(run.step, metrics)
+            due = t.save_every and run.step % t.save_every == 0
+            if due or run.step == t.max_steps or guard.stopping:
+                state = {"data_position": run.pairs.position, "rng": rng_state()}
+                saved = save_checkpoint(
+                    run_dir, run.step, run.policy, run.tokenizer,
+                    {"optimizer": run.optimizer.state_dict()}, state, t.keep_last,
+                )  # fmt: skip
+            if guard.stopping:
+                tracker.finish()
+                raise guard.stop(run.step, saved, run_dir)
     curves = tracker.finish()
     print(f"rlcli: metrics in {tracker.path}")
     print(f"rlcli: curves in {curves}")

@@ -7,6 +7,7 @@ clip rule, KL estimator, aggregation) and is pure: tensors in, loss and diagnost
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -199,7 +200,7 @@ def learn(
     n = len(batch.texts)
     device = batch.input_ids.device
     totals: dict[str, float] = {}
-    losses, grad_norms = [], []
+    losses, grad_norms, skipped = [], [], 0
     for mini in torch.arange(n, device=device).chunk(mini_batches):
         mask_all = batch.response_mask[mini]
         total_tokens = float(mask_all.sum())
@@ -226,11 +227,17 @@ def learn(
             extra.backward()
             totals["aux_loss_sum"] = totals.get("aux_loss_sum", 0.0) + extra.item()
         limit = max_grad_norm if max_grad_norm > 0 else float("inf")
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit)))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit))
+        grad_norms.append(grad_norm)
+        losses.append(step_loss)
+        if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
+            # One NaN update would poison every weight; skip it and let the loop count it.
+            optimizer.zero_grad(set_to_none=True)
+            skipped += 1
+            continue
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
-        losses.append(step_loss)
     tokens = float(batch.response_mask.sum())
     aux = totals.pop("aux_loss_sum", None)
     metrics = {key: value / max(tokens, 1.0) for key, value in totals.items()}
@@ -239,6 +246,7 @@ def learn(
     metrics["clip/frac"] = metrics["clip/low"] + metrics["clip/high"] + metrics["clip/dual"]
     metrics["loss"] = sum(losses) / len(losses)
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    metrics["nonfinite/skipped_updates"] = float(skipped)
     return metrics
 
 

@@ -19,10 +19,22 @@ class MetricsLog:
     """Appends each step's metrics to `<run_dir>/metrics.jsonl` and updates a progress bar
     showing the step, the `headline` metric and the seconds per step."""
 
-    def __init__(self, run_dir: Path, total_steps: int, progress: bool, headline="reward/mean"):
+    def __init__(
+        self, run_dir: Path, total_steps: int, progress: bool, headline="reward/mean",
+        first_step: int = 1,
+    ):  # fmt: skip
         self.path, self.headline = run_dir / METRICS_FILE, headline
+        if self.path.exists():
+            # A resumed run redoes the steps after its checkpoint: drop their old rows.
+            kept = [r for r in _rows(self.path) if r.get("step", 0) < first_step]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(self.path)
         self.file = self.path.open("a")
-        self.bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress)
+        self.bar = tqdm(
+            total=total_steps, initial=first_step - 1, desc="train", unit="step",
+            disable=not progress,
+        )  # fmt: skip
 
     def log(self, metrics: dict) -> None:
         clean = {
@@ -54,11 +66,16 @@ def read_metrics(run_dir: Path) -> list[dict]:
     Raises FileNotFoundError when the run has no metrics file. A line that is not JSON is
     skipped: a job killed while writing leaves a partial last line.
     """
+    rows = _rows(Path(run_dir) / METRICS_FILE)
+    return [{k: math.nan if v is None else v for k, v in row.items()} for row in rows]
+
+
+def _rows(path: Path) -> list[dict]:
+    """The JSON objects of a metrics file, skipping a partial line left by a killed run."""
     rows = []
-    for line in (Path(run_dir) / METRICS_FILE).read_text().splitlines():
+    for line in path.read_text().splitlines():
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        rows.append({k: math.nan if v is None else v for k, v in row.items()})
     return rows

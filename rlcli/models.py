@@ -68,9 +68,10 @@ def smollm2_dir() -> Path:
 
         print(f"rlcli: converting {SMOLLM2_GGUF} to a Hugging Face model in {target} (once)...")
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
-        )
+        with torch.random.fork_rng():  # loading may initialise weights: keep the run's RNG
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+            )
         # The weights are dequantised already; drop the GGUF quantiser so the saved
         # directory is a plain fp32 checkpoint that transformers and vLLM both load.
         model.hf_quantizer = None
@@ -111,8 +112,11 @@ def tiny_dir(cfg: ModelConfig, seed: int) -> Path:
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-        torch.manual_seed(seed)
-        LlamaForCausalLM(config).save_pretrained(out)
+        # A private RNG: building the cache must not shift the run's random stream, or a first
+        # run would differ from every later one.
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            LlamaForCausalLM(config).save_pretrained(out)
         tokenizer.save_pretrained(out)
 
     return _publish(build, target)

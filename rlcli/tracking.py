@@ -88,12 +88,18 @@ class WandbRun:
                 "logger=jsonl, the default)."
             ) from None
         self.wandb, self.table_every = wandb, logger.table_every
+        # The run's W&B id is kept in the run directory, so a resumed run logs to the same run.
+        id_file = run_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        id_file.write_text(run_id)
         self.run = wandb.init(
             project=logger.project,
             entity=logger.entity,
             name=logger.run_name or run_dir.name,
             dir=str(run_dir),
             config=config,
+            id=run_id,
+            resume="allow",
         )
 
     def log(self, metrics: dict, samples: list[ScoredSample]) -> None:
@@ -116,7 +122,9 @@ class Tracker:
     `curves.png` in the run directory.
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, headline: str = "reward/mean"):
+    def __init__(
+        self, cfg: Config, run_dir: Path, headline: str = "reward/mean", first_step: int = 1
+    ):  # fmt: skip
         self.run_dir = run_dir
         # W&B first: its start-up lines would otherwise break into the progress bar.
         self.remote = (
@@ -124,7 +132,9 @@ class Tracker:
             if cfg.logger.name == "wandb"
             else NoRemote()
         )
-        self.metrics = MetricsLog(run_dir, cfg.trainer.max_steps, cfg.logger.progress, headline)
+        self.metrics = MetricsLog(
+            run_dir, cfg.trainer.max_steps, cfg.logger.progress, headline, first_step
+        )
         self.path = self.metrics.path
 
     def log(self, metrics: dict, samples: Sequence[ScoredSample] = ()) -> None:

@@ -21,11 +21,19 @@ import numpy as np
 import torch
 
 from rlcli.advantage import OUTCOME, outcome_advantages, process_advantages
-from rlcli.checkpoint import save_checkpoint
+from rlcli.checkpoint import (
+    load_checkpoint,
+    remove_incomplete,
+    restore_rng,
+    resume_point,
+    rng_state,
+    save_checkpoint,
+)
 from rlcli.config import Config, ConfigError
 from rlcli.critic import batch_values, gae_advantages, learn_critic, load_critic
 from rlcli.data import Problem, PromptStream, load_splits, render_prompt
 from rlcli.evaluate import EVAL_SEED, evaluate
+from rlcli.guard import LoopGuard
 from rlcli.learner import Objective, batch_logprobs, learn, lm_loss
 from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 from rlcli.ops.advantages import SasTracker
@@ -66,6 +74,7 @@ class Run:
     beta: float  # KL coefficient; moves when algo.kl_target is set (adaptive controller)
     ptx_texts: list[str]
     rng: random.Random  # DUPO's choice of groups to duplicate, ptx batches
+    step: int = 0  # optimiser steps done (more than 0 when resumed from a checkpoint)
 
 
 def read_texts(path: str) -> list[str]:
@@ -91,6 +100,38 @@ def check_reward_fields(cfg: Config, problems: list[Problem]) -> None:
             )
 
 
+def fit_prompts(
+    cfg: Config, tokenizer, problems: list[Problem], split: str
+) -> list[Problem]:  # fmt: skip
+    """`problems` whose rendered prompt fits sampler.max_prompt_tokens; a longer one is an
+    error unless sampler.long_prompts=drop, which drops it with a count."""
+    s = cfg.sampler
+    rendered = [render_prompt(tokenizer, p.question, cfg.data.system_prompt) for p in problems]
+    lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False).input_ids]
+    too_long = [i for i, n in enumerate(lengths) if n > s.max_prompt_tokens]
+    if not too_long:
+        return problems
+    longest = max(too_long, key=lengths.__getitem__)
+    if s.long_prompts == "error":
+        raise ConfigError(
+            f"{len(too_long)} of {len(problems)} {split} prompts of data={cfg.data.name} are "
+            f"longer than sampler.max_prompt_tokens={s.max_prompt_tokens} (the longest, "
+            f"{problems[longest].id!r}, has {lengths[longest]} tokens with the chat template). "
+            "Raise sampler.max_prompt_tokens (with sampler.max_model_len on vLLM), or drop "
+            "them with sampler.long_prompts=drop."
+        )
+    print(
+        f"rlcli: dropped {len(too_long)} of {len(problems)} {split} prompts longer than "
+        f"sampler.max_prompt_tokens={s.max_prompt_tokens}."
+    )
+    drop = set(too_long)
+    kept = [p for i, p in enumerate(problems) if i not in drop]
+    if not kept:
+        limit = s.max_prompt_tokens
+        raise ConfigError(f"No {split} prompt fits in sampler.max_prompt_tokens={limit}.")
+    return kept
+
+
 def make_sampler(
     cfg: Config, model_path: str, tokenizer, policy, device
 ) -> HFSampler | VLLMSampler:
@@ -114,11 +155,13 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
+    fit_prompts(cfg, tokenizer, problems, "")  # an error if any is too long
     policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
     return scorer, model_path, tokenizer, make_sampler(cfg, model_path, tokenizer, policy, device)
 
 
-def setup(cfg: Config) -> Run:
+def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
+    """Everything a run needs; from `checkpoint`, the state of the run that saved it."""
     t, algo = cfg.trainer, cfg.algo
     seed_everything(t.seed)
     device = pick_device(t.device)
@@ -135,7 +178,10 @@ def setup(cfg: Config) -> Run:
     scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
-    policy = load_causal_lm(model_path, t.dtype, device)
+    train_set = fit_prompts(cfg, tokenizer, train_set, "training")
+    test_set = fit_prompts(cfg, tokenizer, test_set, "held-out")
+    # A resumed policy starts from the checkpoint; the reference stays the original model.
+    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.train()  # transformers only checkpoints in training mode; Llama has no dropout
@@ -144,7 +190,10 @@ def setup(cfg: Config) -> Run:
     critic = critic_optimizer = None
     if algo.advantage == "gae":
         path = algo.critic_path or model_path
-        critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
+        if checkpoint is not None:
+            critic = load_critic(str(checkpoint / "critic"), t.dtype, device, new_head=False)
+        else:
+            critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
     sampler = make_sampler(cfg, model_path, tokenizer, policy, device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
@@ -152,7 +201,7 @@ def setup(cfg: Config) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / (warmup_updates + 1))
     )
-    return Run(
+    run = Run(
         cfg=cfg,
         model_path=model_path,
         device=device,
@@ -175,6 +224,42 @@ def setup(cfg: Config) -> Run:
         ptx_texts=ptx_texts,
         rng=random.Random(t.seed),
     )
+    if checkpoint is not None:
+        restore(run, checkpoint)
+    return run
+
+
+def run_state(run: Run) -> tuple[dict, dict]:
+    """(JSON state, tensor state dicts) that `restore` needs to continue the run exactly."""
+    state = {
+        "data_position": run.prompts.position,
+        "beta": run.beta,
+        "sas": run.sas.state_dict(),
+        "rng": rng_state(),
+        "run_rng": [run.rng.getstate()[0], list(run.rng.getstate()[1]), run.rng.getstate()[2]],
+        "sampler_calls": getattr(run.sampler, "calls", 0),
+    }
+    tensors = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
+    if run.critic_optimizer is not None:
+        tensors["critic_optimizer"] = run.critic_optimizer.state_dict()
+    return state, tensors
+
+
+def restore(run: Run, checkpoint: Path) -> None:
+    """Put the saved optimiser, scheduler, counters and RNG states back into a fresh `run`."""
+    state, tensors = load_checkpoint(checkpoint)
+    run.optimizer.load_state_dict(tensors["optimizer"])
+    run.scheduler.load_state_dict(tensors["scheduler"])
+    if run.critic_optimizer is not None:
+        run.critic_optimizer.load_state_dict(tensors["critic_optimizer"])
+    run.step, run.beta = state["step"], state["beta"]
+    run.prompts.position = state["data_position"]
+    run.sas.load_state_dict(state["sas"])
+    version, keys, gauss = state["run_rng"]
+    run.rng.setstate((version, tuple(keys), gauss))
+    if hasattr(run.sampler, "calls"):
+        run.sampler.calls = state["sampler_calls"]
+    restore_rng(state["rng"])  # last: loading models above may have drawn numbers
 
 
 def sample_and_score(
@@ -223,9 +308,18 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     t, algo = run.cfg.trainer, run.cfg.algo
     P, G = t.prompts_per_step, t.group_size
     parts, kept_scores, sampled_groups, equal_groups, rounds = [], [], 0, 0, []
+    reward_seconds = 0.0
+
+    def timed_scorer(samples):  # reward time is reported apart from sampling time
+        nonlocal reward_seconds
+        begin = time.perf_counter()
+        scores = run.scorer(samples)
+        reward_seconds += time.perf_counter() - begin
+        return scores
+
     for _ in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
         batch, round_scores = sample_and_score(
-            run.sampler, run.scorer, run.tokenizer, run.prompts.take(P), G,
+            run.sampler, timed_scorer, run.tokenizer, run.prompts.take(P), G,
             run.cfg.data.system_prompt,
         )  # fmt: skip
         rounds.append(round_scores)
@@ -260,6 +354,7 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
         **reward_metrics(rounds),
         "batch/groups_all_equal": equal_groups / sampled_groups,
         "batch/gen_batches": float(sampled_groups // P),
+        "time/reward": reward_seconds,
     }
     if algo.dynamic_sampling:
         metrics["batch/groups_short"] = float(P - len(batch.texts) // G)
@@ -352,7 +447,7 @@ def train_step(run: Run) -> dict[str, float]:
     synced = time.perf_counter()
 
     kl_now = epochs[-1].get("kl", metrics.get("kl"))
-    if algo.kl_target and kl_now is not None:
+    if algo.kl_target and kl_now is not None and math.isfinite(kl_now):
         # Adaptive KL controller (Ziegler et al. 2019): move beta towards the target KL.
         error = max(-0.2, min(0.2, kl_now / algo.kl_target - 1))
         run.beta *= 1 + error * len(batch.texts) / algo.kl_horizon
@@ -364,10 +459,13 @@ def train_step(run: Run) -> dict[str, float]:
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/truncated_frac": batch.truncated.float().mean().item(),
+        # Prompt and response tokens the learner reads (its FLOPs scale with these).
+        "batch/tokens": float(batch.attention_mask.sum()),
         **{key: sum(m[key] for m in epochs) / len(epochs) for key in epochs[0]},
+        "nonfinite/skipped_updates": sum(m["nonfinite/skipped_updates"] for m in epochs),
         "kl/beta": run.beta,
         "lr": run.scheduler.get_last_lr()[0],
-        "time/sample": sampled - start,
+        "time/sample": sampled - start - metrics["time/reward"],
         "time/logprobs": logprobs_done - sampled,
         "time/advantages": scored - logprobs_done,
         "time/learn": learned - scored,
@@ -378,37 +476,55 @@ def train_step(run: Run) -> dict[str, float]:
     }
 
 
+def save(run: Run, run_dir: Path) -> Path:
+    state, tensors = run_state(run)
+    extra = {"critic": run.critic} if run.critic is not None else None
+    return save_checkpoint(
+        run_dir, run.step, run.policy, run.tokenizer, tensors, state,
+        run.cfg.trainer.keep_last, extra,
+    )  # fmt: skip
+
+
 def train(cfg: Config, run_dir: Path) -> Path:
-    """Run `cfg.trainer.max_steps` steps, writing metrics and checkpoints under `run_dir`."""
+    """Run steps up to `cfg.trainer.max_steps`, writing metrics and checkpoints under `run_dir`;
+    continue a run from its checkpoint as `trainer.resume` says."""
     t = cfg.trainer
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = setup(cfg)
+    checkpoint = resume_point(t.resume, run_dir)
+    for name in remove_incomplete(run_dir):
+        print(f"rlcli: removed {name}, a checkpoint whose writing was interrupted")
+    run = setup(cfg, checkpoint)
+    if checkpoint is not None:
+        print(f"rlcli: resuming from {checkpoint} (step {run.step})")
+        if run.step >= t.max_steps:
+            print(f"rlcli: step {run.step} reached trainer.max_steps; raise it to train further")
     print(f"rlcli: training {run.model_path} on {run.device}; writing to {run_dir}")
     # The tracker's table of samples shows what the step scored, prompts and rewards included.
     run.scorer = scored = RecordingScorer(run.scorer)
-    tracker = Tracker(cfg, run_dir)
-    for step in range(1, t.max_steps + 1):
-        with scored.recording() as samples:
-            metrics = {"step": step, **train_step(run)}
-        sample = metrics.pop("_sample")
-        if t.eval_every and (step % t.eval_every == 0 or step == t.max_steps):
-            held_out = evaluate(
-                run.sampler, run.scorer, run.tokenizer, run.test_problems, cfg.eval,
-                cfg.data.system_prompt, t.seed + EVAL_SEED,
-            )  # fmt: skip
-            metrics.update({f"eval/{key}": value for key, value in held_out.items()})
-        tracker.log(metrics, samples)
-        if cfg.logger.sample_every and step % cfg.logger.sample_every == 0:
-            tracker.write(f"[step {step}] {sample!r}")
-        if step == t.max_steps or (t.save_every and step % t.save_every == 0):
-            state = {
-                "data_position": run.prompts.position,
-                "beta": run.beta,
-                "sas": run.sas.state_dict(),
-            }
-            save_checkpoint(run_dir, step, run.policy, run.tokenizer, run.optimizer, state)
-            if run.critic is not None:
-                run.critic.save_pretrained(run_dir / "checkpoints" / f"step_{step}" / "critic")
+    tracker = Tracker(cfg, run_dir, first_step=run.step + 1)
+    with LoopGuard(t.max_bad_steps, tracker.write) as guard:
+        while run.step < t.max_steps:
+            with scored.recording() as samples:
+                metrics = train_step(run)
+            run.step += 1
+            metrics = {"step": run.step, **metrics}
+            sample = metrics.pop("_sample")
+            if t.eval_every and (run.step % t.eval_every == 0 or run.step == t.max_steps):
+                held_out = evaluate(
+                    run.sampler, run.scorer, run.tokenizer, run.test_problems, cfg.eval,
+                    cfg.data.system_prompt, t.seed + EVAL_SEED,
+                )  # fmt: skip
+                metrics.update({f"eval/{key}": value for key, value in held_out.items()})
+            tracker.log(metrics, samples)
+            guard.observe(run.step, metrics)
+            if cfg.logger.sample_every and run.step % cfg.logger.sample_every == 0:
+                tracker.write(f"[step {run.step}] {sample!r}")
+            due = t.save_every and run.step % t.save_every == 0
+            if due or run.step == t.max_steps or guard.stopping:
+                saved = save(run, run_dir)
+            if guard.stopping:
+                tracker.finish()
+                raise guard.stop(run.step, saved, run_dir)
     curves = tracker.finish()
     print(f"rlcli: metrics in {tracker.path}")
     print(f"rlcli: curves in {curves}")

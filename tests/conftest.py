@@ -28,3 +28,13 @@ TINY_LEARNS = [*TINY_ANY_ALGO, "algo.beta=0"]
 @pytest.fixture(scope="session")
 def tiny_overrides():
     return list(TINY_LEARNS)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> str:
+    """The tiny model's directory in the cache (built on first use)."""
+    from rlcli.config import compose
+    from rlcli.models import resolve_model_path
+
+    cfg = compose(["model=tiny"])
+    return resolve_model_path(cfg.model, cfg.trainer.seed)

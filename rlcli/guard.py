@@ -1,0 +1,118 @@
+"""What stops a training loop early without losing it: Ctrl-C / SIGTERM and non-finite steps.
+
+Both loops (RL in trainer.py, DPO in dpo.py) use `LoopGuard`: a signal only sets a flag, the
+loop finishes the step it is in, saves a checkpoint and raises `RunStopped`, which the CLI
+prints as a message (how to resume) with a non-zero exit and no traceback. A second Ctrl-C
+stops at once; the last checkpoint written is then the one to resume from.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+# Exit codes of a run stopped by a signal follow the shell's 128 + signal number.
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# A run stopped by non-finite steps exits with this code.
+EXIT_BAD_STEPS = 3
+
+
+class RunStopped(Exception):
+    """A run ended early on purpose; `str(self)` says why and how to go on."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues this run: the same overrides, the same run directory."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra = HydraConfig.get()
+        name, overrides = hydra.job.name, list(hydra.overrides.task)
+    except ValueError:  # not started by the CLI (tests, notebooks)
+        name, overrides = "train", []
+    kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
+    args = [*kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"]
+    return f"rlcli {name} " + " ".join(shlex.quote(a) for a in args)
+
+
+class LoopGuard:
+    """Catches SIGINT/SIGTERM while open, and counts non-finite steps in a row.
+
+    `write` prints a line without breaking the progress bar.
+    """
+
+    def __init__(self, max_bad_steps: int, write=print):
+        self.max_bad_steps, self.write = max_bad_steps, write
+        self.signal: int | None = None  # the first stop signal received
+        self.bad_in_a_row = 0
+        self._previous: dict = {}
+
+    def __enter__(self) -> LoopGuard:
+        for sig in EXIT_CODES:
+            try:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread: signals stay with whoever owns them
+                break
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+        self.signal = signum
+        name = signal.Signals(signum).name
+        print(
+            f"\nrlcli: {name} received: stopping after this step and saving a checkpoint "
+            "(Ctrl-C again to stop at once, without one).",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def observe(self, step: int, metrics: dict) -> None:
+        """Count a step whose loss or gradient was not finite (its update was skipped)."""
+        skipped = metrics.get("nonfinite/skipped_updates", 0)
+        if skipped:
+            self.bad_in_a_row += 1
+            loss, norm = metrics.get("loss", math.nan), metrics.get("grad_norm", math.nan)
+            self.write(
+                f"rlcli: warning: step {step} had a non-finite loss ({loss}) or gradient norm "
+                f"({norm}); skipped {int(skipped)} optimiser update(s), the weights are "
+                f"unchanged ({self.bad_in_a_row} such step(s) in a row, trainer.max_bad_steps="
+                f"{self.max_bad_steps})."
+            )
+        else:
+            self.bad_in_a_row = 0
+
+    @property
+    def stopping(self) -> bool:
+        return self.signal is not None or (
+            self.max_bad_steps > 0 and self.bad_in_a_row >= self.max_bad_steps
+        )
+
+    def stop(self, step: int, checkpoint: Path, run_dir: Path) -> RunStopped:
+        """The exception that ends the loop, with the message for the user."""
+        again = f"Resume with:\n  {resume_command(run_dir)}"
+        if self.signal is not None:
+            name = signal.Signals(self.signal).name
+            return RunStopped(
+                f"stopped by {name} after step {step}; checkpoint saved in {checkpoint}. " + again,
+                EXIT_CODES[self.signal],
+            )
+        return RunStopped(
+            f"stopped after step {step}: the last {self.bad_in_a_row} steps all had a "
+            "non-finite loss or gradient (NaN or inf), so their updates were skipped. The "
+            f"weights in {checkpoint} are from before them. Usual causes: a learning rate too "
+            "high for this model, rewards of extreme size, or float16 overflow (use "
+            "trainer.dtype=bfloat16 or float32). Fix the cause, then resume. " + again,
+            EXIT_BAD_STEPS,
+        )
