@@ -84,19 +84,20 @@ def remove_incomplete(run_dir: Path) -> list[str]:
 
 def save_checkpoint(
     run_dir: Path, step: int, model, tokenizer, tensors: dict, state: dict,
-    keep_last: int | None = None, extra_models: dict | None = None,
+    keep_last: int | None = None, extra_models: dict | None = None, weights: dict | None = None,
 ) -> Path:  # fmt: skip
     """Write `checkpoints/step_{step}` atomically, then keep only the newest `keep_last`.
 
     `tensors` maps names to state dicts (optimiser, scheduler); `state` is JSON-ready;
-    `extra_models` maps sub-directory names to models saved beside the policy (PPO's critic).
+    `extra_models` maps sub-directory names to models saved beside the policy (PPO's critic);
+    `weights`, when given, is the model's whole state dict (gathered from torchrun's shards).
     """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}-", dir=root))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         for name, extra in (extra_models or {}).items():
             extra.save_pretrained(tmp / name, safe_serialization=True)

@@ -7,6 +7,7 @@ a user can fix (`ConfigError`) are printed as one paragraph with exit code 2, no
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -129,6 +130,14 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
         check_overrides(argv)
     except ConfigError as err:
         _fail(str(err))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
+        a.startswith("hydra.run.dir=") for a in argv
+    ):
+        # Each rank would name its own timestamped directory, a second apart at times.
+        _fail(
+            f"under torchrun, rlcli {name} needs hydra.run.dir=DIR, so that every process "
+            "writes to the same run directory."
+        )
     full = with_default_sampler(argv)
     if len(full) > len(argv):
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)

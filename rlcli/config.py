@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import importlib.util
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -102,7 +103,7 @@ class SamplerConfig:
     max_model_len: int = 2048
     gpu_memory_utilization: float = 0.3
     tensor_parallel_size: int = 1
-    cpu_kv_cache_gb: float = 1.0
+    cpu_kv_cache_gb: float = 0.25
     enforce_eager: bool | None = None
 
 
@@ -173,6 +174,8 @@ class TrainerConfig:
     mini_batches: int = 1
     epochs: int = 1
     micro_batch_size: int = 8
+    max_tokens_per_micro_batch: int = 512
+    bf16_autocast: bool = True
     lr: float = 1e-5
     weight_decay: float = 0.0
     warmup_steps: int = 0
@@ -326,6 +329,12 @@ def _check_ranges(cfg: Config) -> None:
             raise ConfigError(f"{key}={value} is not allowed: it must be a whole number >= 1.")
     if t.lr <= 0:
         raise ConfigError(f"trainer.lr={t.lr} is not allowed: the learning rate must be > 0.")
+    if t.max_tokens_per_micro_batch < 0:
+        raise ConfigError(
+            f"trainer.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} must be >= 0 "
+            "(0 = only trainer.micro_batch_size limits a micro-batch)."
+        )
+    _check_world(cfg)
     # Every estimator but PPO's critic-based gae compares responses within a group.
     if cfg.algo.advantage != "gae" and t.group_size < 2:
         raise ConfigError(
@@ -440,6 +449,30 @@ def _check_ranges(cfg: Config) -> None:
             f"filter.k={f.k} and filter.prompts_per_batch={f.prompts_per_batch} must be >= 1."
         )
     _check_reward(cfg)
+
+
+def _check_world(cfg: Config) -> None:
+    """Under torchrun (WORLD_SIZE > 1): what data-parallel training supports."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return
+    if cfg.trainer.prompts_per_step % world:
+        raise ConfigError(
+            f"trainer.prompts_per_step={cfg.trainer.prompts_per_step} must be a multiple of the "
+            f"{world} processes torchrun started: each samples an equal share of the prompts."
+        )
+    unsupported = {
+        "algo=dpo": cfg.algo.name == "dpo",
+        "algo.advantage=gae (PPO's critic)": cfg.algo.advantage == "gae",
+        "algo.ptx_coef > 0": cfg.algo.ptx_coef > 0,
+    }
+    for what, used in unsupported.items():
+        if used:
+            raise ConfigError(
+                f"{what} runs in one process only for now, but torchrun started {world}; run "
+                "it without torchrun, or pick one of the group-based algorithms (grpo, "
+                "dr_grpo, dapo, dupo, gspo, dcpo, rloo)."
+            )
 
 
 def group_choices(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:

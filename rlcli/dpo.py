@@ -66,14 +66,13 @@ def encode_pairs(tokenizer, pairs: list[Pair], max_length: int, device) -> Rollo
 
 def sequence_logprobs(model, batch: Rollout, rows: Tensor, micro_pairs: int) -> Tensor:
     """Summed log-prob of each reply at `rows` under `model` (no grad). [len(rows)]"""
-    out = torch.zeros(len(rows), device=batch.input_ids.device)
-    offset = 0
+    out = torch.zeros(len(batch.texts), device=batch.input_ids.device)
     with torch.no_grad():
+        # Micro-batches group rows by length, so results go back to their rows by index.
         for idx, ids, att, width, mask in micro_batches(batch, rows, 2 * micro_pairs):
             logp = token_logprobs(model, ids, att, width)[0][:, : mask.shape[1]]
-            out[offset : offset + len(idx)] = (logp * mask).sum(-1)
-            offset += len(idx)
-    return out
+            out[idx] = (logp * mask).sum(-1)
+    return out[rows]
 
 
 @dataclass

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from rlcli import distributed
 from rlcli.config import AlgoConfig, SamplerConfig
+from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
 from rlcli.ops.policy_loss import (
     AGGREGATIONS,
     CLIP_BOUNDS,
@@ -107,49 +109,133 @@ def policy_objective(
     return loss, sums
 
 
+class TokenLogprobModel(nn.Module):
+    """A causal LM whose forward returns the log-probs (and entropies) of given response tokens.
+
+    The learner calls the policy through this module: the chunked head reads the LM head's
+    weight outside the Hugging Face forward, and FSDP2 gathers a module's parameters only in
+    that module's own forward, so under torchrun this wrapper is the sharded root
+    (`distributed.shard`). Its forward is `lm_token_logprobs`.
+    """
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask, prompt_width, with_entropy=False, temperature=1.0):
+        logp, entropy = lm_token_logprobs(
+            self.lm, input_ids, attention_mask, prompt_width, with_entropy, temperature
+        )
+        # Fresh tensors, not views: FSDP2 hooks the root's outputs for its backward.
+        return logp.clone(), None if entropy is None else entropy.clone()
+
+
 def token_logprobs(
     model, input_ids, attention_mask, prompt_width, with_entropy=False, temperature=1.0
 ):
-    """Log-prob of each response token under `model`, and the entropy of each prediction.
+    """`lm_token_logprobs` of a causal LM, or of the LM inside a `TokenLogprobModel`."""
+    if isinstance(model, TokenLogprobModel):
+        return model(input_ids, attention_mask, prompt_width, with_entropy, temperature)
+    return lm_token_logprobs(
+        model, input_ids, attention_mask, prompt_width, with_entropy, temperature
+    )
+
+
+# Config fields of heads that are more than `hidden @ weight.T + bias` (Gemma's soft-capping,
+# Cohere's and Granite's logit scales): such models take the plain path.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def lm_token_logprobs(
+    lm, input_ids, attention_mask, prompt_width, with_entropy=False, temperature=1.0
+):
+    """Log-prob of each response token under `lm`, and the entropy of each prediction.
 
     Logits are divided by the sampling temperature, so log-probs are those of the
-    distribution the sampler drew from.
-
-    Only the response positions go through the LM head (`logits_to_keep`), which skips most
-    of its cost on long prompts. Position ids follow the attention mask so left padding does
-    not shift positions (as in generate()).  Returns ([B, T], [B, T] or None).
+    distribution the sampler drew from. The body runs once; the LM head is applied to the
+    response positions only, a chunk of tokens at a time (`ops.logprobs`), so the
+    [tokens, vocabulary] logits of the whole micro-batch never exist at once. Position ids
+    follow the attention mask so left padding does not shift positions (as in generate()).
+    Returns ([B, T], [B, T] or None).
     """
-    width = input_ids.shape[1] - prompt_width
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = (
-        model(
+    tokens = input_ids[:, prompt_width:]  # [B, T]
+    head = lm.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or any(
+        getattr(lm.config, name, None) for name in _LOGIT_TRANSFORMS
+    ):
+        logits = lm(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            logits_to_keep=width + 1,
+            logits_to_keep=tokens.shape[1] + 1,
             use_cache=False,
-        )
-        .logits[:, :-1]
-        .float()
-    )  # [B, T, V]: position t predicts response token t
-    log_probs = torch.log_softmax(logits / temperature if temperature != 1 else logits, -1)
-    tokens = input_ids[:, prompt_width:]
-    logp = log_probs.gather(-1, tokens[..., None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logp, entropy
+        ).logits[:, :-1]  # [B, T, V]: position t predicts response token t
+        logp, entropy = plain_logprob_entropy(logits, tokens, temperature)
+        return logp, entropy if with_entropy else None
+    hidden = lm.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    ).last_hidden_state[:, prompt_width - 1 : -1]  # [B, T, H]
+    logp, entropy = chunked_logprob_entropy(
+        hidden.reshape(-1, hidden.shape[-1]), head.weight, tokens.reshape(-1), head.bias,
+        temperature, with_entropy=with_entropy,
+    )  # fmt: skip
+    return logp.view_as(tokens), entropy.view_as(tokens) if with_entropy else None
 
 
-def micro_batches(batch: Rollout, rows: Tensor, size: int):
-    """Yield (rows, input_ids, attention_mask, prompt_width, response_mask) trimmed of padding."""
-    for start in range(0, len(rows), size):
-        idx = rows[start : start + size]
+def plan_micro_batches(
+    prompt_lengths: list[int], response_lengths: list[int], max_rows: int, max_tokens: int
+) -> list[list[int]]:
+    """Positions into the length lists, grouped into micro-batches.
+
+    Rows are sorted by (response, prompt) length, so each micro-batch holds rows of similar
+    length; a micro-batch takes at most `max_rows` rows and, padded to its longest prompt and
+    response, at most `max_tokens` tokens (0 = no token limit; a single longer row goes alone).
+    """
+    order = sorted(
+        range(len(prompt_lengths)), key=lambda i: (response_lengths[i], prompt_lengths[i])
+    )
+    plan: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_response = 0
+    for i in order:
+        prompt = max(widest_prompt, prompt_lengths[i])
+        response = max(widest_response, response_lengths[i], 1)
+        too_many = len(current) == max_rows
+        too_long = max_tokens > 0 and (len(current) + 1) * (prompt + response) > max_tokens
+        if current and (too_many or too_long):
+            plan.append(current)
+            current, prompt, response = [], prompt_lengths[i], max(response_lengths[i], 1)
+        current.append(i)
+        widest_prompt, widest_response = prompt, response
+    if current:
+        plan.append(current)
+    return plan
+
+
+def micro_batches(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0):
+    """Yield (rows, input_ids, attention_mask, prompt_width, response_mask) trimmed of padding,
+    `rows` split by `plan_micro_batches`.
+
+    Under torchrun every rank must run as many forward passes as the others (each one gathers
+    the sharded weights): a rank with fewer micro-batches adds passes over one of its rows with
+    an all-zero response mask, which add nothing to the loss or the diagnostics.
+    """
+    prompt_lengths = batch.attention_mask[rows, : batch.prompt_width].sum(-1).tolist()
+    response_lengths = batch.response_mask[rows].sum(-1).tolist()
+    plan = plan_micro_batches(prompt_lengths, response_lengths, size, max_tokens)
+    parts = [(rows[positions], True) for positions in plan]
+    spare = rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
+    parts += [(spare, False)] * (distributed.all_max(len(plan)) - len(plan))
+    for idx, counts in parts:
         att = batch.attention_mask[idx]
-        mask = batch.response_mask[idx]
+        mask = batch.response_mask[idx] if counts else torch.zeros_like(batch.response_mask[idx])
         # Drop columns that are padding in every row of this micro-batch.
         left = int((att[:, : batch.prompt_width].sum(0) == 0).long().cumprod(0).sum())
-        width = max(int(mask.sum(-1).max()), 1)
+        width = max(int(batch.response_mask[idx].sum(-1).max()), 1)
         end = batch.prompt_width + width
         yield (
             idx,
@@ -161,21 +247,24 @@ def micro_batches(batch: Rollout, rows: Tensor, size: int):
 
 
 @torch.no_grad()
-def per_token_over_batch(fn, batch: Rollout, size: int) -> Tensor:
+def per_token_over_batch(fn, batch: Rollout, size: int, max_tokens: int = 0) -> Tensor:
     """`fn(input_ids, attention_mask, prompt_width) -> [b, t]` over the batch in micro-batches."""
     out = torch.zeros(batch.response_mask.shape, device=batch.input_ids.device)
     rows = torch.arange(len(batch.texts), device=batch.input_ids.device)
-    for idx, ids, att, width, mask in micro_batches(batch, rows, size):
+    for idx, ids, att, width, mask in micro_batches(batch, rows, size, max_tokens):
         out[idx, : mask.shape[1]] = fn(ids, att, width)[:, : mask.shape[1]]
     return out
 
 
-def batch_logprobs(model, batch: Rollout, size: int, temperature: float = 1.0) -> Tensor:
+def batch_logprobs(
+    model, batch: Rollout, size: int, temperature: float = 1.0, max_tokens: int = 0
+) -> Tensor:
     """Log-probs of every response token under `model` (reference or old policy). [B, T]"""
     return per_token_over_batch(
         lambda ids, att, width: token_logprobs(model, ids, att, width, False, temperature)[0],
         batch,
         size,
+        max_tokens,
     )
 
 
@@ -192,22 +281,28 @@ def learn(
     max_grad_norm: float,
     scheduler=None,
     aux_loss: Callable[[], Tensor] | None = None,
+    max_tokens: int = 0,
 ) -> dict[str, float]:
     """Optimiser steps over `batch` (one per mini-batch); diagnostics averaged over tokens.
 
     `aux_loss`, when given, is added once per optimiser step (PPO-ptx's language-model loss).
+    Micro-batches hold at most `micro_batch_size` rows and `max_tokens` padded tokens. Under
+    torchrun `batch` is this rank's share: the loss is divided by the token and response
+    counts of all ranks, so the gradients summed over ranks are those of the whole batch.
     """
     n = len(batch.texts)
     device = batch.input_ids.device
     totals: dict[str, float] = {}
     losses, grad_norms, skipped = [], [], 0
-    for mini in torch.arange(n, device=device).chunk(mini_batches):
+    for mini in torch.arange(n, device=device).tensor_split(mini_batches):
+        if len(mini) == 0 and distributed.world_size() == 1:
+            continue  # fewer responses than mini-batches; other ranks may still have some
         mask_all = batch.response_mask[mini]
-        total_tokens = float(mask_all.sum())
-        total_seqs = float((mask_all.sum(-1) > 0).sum())
+        total_tokens = distributed.all_sum(float(mask_all.sum()))
+        total_seqs = distributed.all_sum(float((mask_all.sum(-1) > 0).sum()))
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
-        for idx, ids, att, width, mask in micro_batches(batch, mini, micro_batch_size):
+        for idx, ids, att, width, mask in micro_batches(batch, mini, micro_batch_size, max_tokens):
             t = mask.shape[1]
             logp, entropy = token_logprobs(model, ids, att, width, True, obj.temperature)
             old = logp.detach() if old_logp is None else old_logp[idx, :t]
@@ -226,6 +321,7 @@ def learn(
             extra = aux_loss()
             extra.backward()
             totals["aux_loss_sum"] = totals.get("aux_loss_sum", 0.0) + extra.item()
+        step_loss = distributed.all_sum(step_loss)  # each rank's is its share of the loss
         limit = max_grad_norm if max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit))
         grad_norms.append(grad_norm)

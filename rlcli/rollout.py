@@ -7,6 +7,7 @@ prompts are left-padded to a common width P and responses right-padded to a widt
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -105,7 +106,12 @@ class HFSampler:
     def sync(self, policy) -> None:
         """Nothing to push: generate() runs on the policy being trained."""
 
-    def __init__(self, model, tokenizer, temperature: float, top_p: float, max_new_tokens: int):
+    def __init__(
+        self, model, tokenizer, temperature: float, top_p: float, max_new_tokens: int,
+        gather=None,
+    ):  # fmt: skip
+        # `gather()`: a context in which a sharded model's own weights are whole (torchrun).
+        self.gather = gather or contextlib.nullcontext
         self.model, self.tokenizer = model, tokenizer
         self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
         self.eos_ids = eos_token_ids(tokenizer, model)
@@ -128,7 +134,7 @@ class HFSampler:
         temperature = self.temperature if temperature is None else temperature
         sampling = {"do_sample": True, "temperature": temperature, "top_p": self.top_p, "top_k": 0}
         devices = [self.model.device.index or 0] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+        with self.gather(), torch.random.fork_rng(devices=devices, enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(

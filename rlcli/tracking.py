@@ -76,6 +76,21 @@ class NoRemote:
         pass
 
 
+class NoTracker:
+    """The tracker of torchrun's other ranks: rank 0 alone logs, so every call does nothing."""
+
+    path = None
+
+    def log(self, metrics: dict, samples: Sequence[ScoredSample] = ()) -> None:
+        pass
+
+    def write(self, text: str) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
 class WandbRun:
     """One Weights & Biases run: the config at init, each step's metrics at `step`."""
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlcli import distributed
 from rlcli.advantage import OUTCOME, outcome_advantages, process_advantages
 from rlcli.checkpoint import (
     load_checkpoint,
@@ -34,14 +35,14 @@ from rlcli.critic import batch_values, gae_advantages, learn_critic, load_critic
 from rlcli.data import Problem, PromptStream, load_splits, render_prompt
 from rlcli.evaluate import EVAL_SEED, evaluate
 from rlcli.guard import LoopGuard
-from rlcli.learner import Objective, batch_logprobs, learn, lm_loss
+from rlcli.learner import Objective, TokenLogprobModel, batch_logprobs, learn, lm_loss
 from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 from rlcli.ops.advantages import SasTracker
 from rlcli.reward_models import step_reward_tensors
 from rlcli.rollout import HFSampler, Rollout, concat_rollouts, eos_token_ids, select_rows
 from rlcli.scoring import Sample, Scorer, Scores, nanmean
 from rlcli.shaping import dupo_fill, group_rows, informative_groups
-from rlcli.tracking import RecordingScorer, Tracker
+from rlcli.tracking import NoTracker, RecordingScorer, Tracker
 from rlcli.vllm_sampler import VLLMSampler
 
 
@@ -59,7 +60,8 @@ class Run:
     model_path: str
     device: torch.device
     tokenizer: object
-    policy: torch.nn.Module
+    policy: torch.nn.Module  # the causal LM (sharded in place under torchrun)
+    learner: torch.nn.Module  # TokenLogprobModel over the policy: what the learner calls
     reference: torch.nn.Module | None  # None when beta = 0
     critic: torch.nn.Module | None  # PPO only (algo.advantage=gae)
     critic_optimizer: torch.optim.Optimizer | None
@@ -133,9 +135,10 @@ def fit_prompts(
 
 
 def make_sampler(
-    cfg: Config, model_path: str, tokenizer, policy, device
+    cfg: Config, model_path: str, tokenizer, policy, device, learner=None
 ) -> HFSampler | VLLMSampler:
-    """The configured sampler, holding the policy's current weights."""
+    """The configured sampler, holding the policy's current weights (`learner`: the policy's
+    sharded root under torchrun, which transformers' sampling must gather first)."""
     s, t = cfg.sampler, cfg.trainer
     if s.name == "vllm":
         sampler = VLLMSampler(
@@ -143,7 +146,8 @@ def make_sampler(
         )
         sampler.sync(policy)  # a reused engine may hold another run's weights
         return sampler
-    return HFSampler(policy, tokenizer, s.temperature, s.top_p, s.max_new_tokens)
+    gather = (lambda: distributed.gathered(learner)) if learner is not None else None
+    return HFSampler(policy, tokenizer, s.temperature, s.top_p, s.max_new_tokens, gather)
 
 
 def frozen_sampling(cfg: Config, problems: list[Problem]):
@@ -163,8 +167,9 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
 def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     """Everything a run needs; from `checkpoint`, the state of the run that saved it."""
     t, algo = cfg.trainer, cfg.algo
-    seed_everything(t.seed)
-    device = pick_device(t.device)
+    # Under torchrun each rank samples its own responses, so each draws its own numbers.
+    seed_everything(t.seed + distributed.rank())
+    device = distributed.init(pick_device(t.device))
     # Data and reward first: a bad data file or reward function should fail before minutes
     # of model loading.
     train_set, test_set = load_splits(cfg.data)
@@ -185,6 +190,8 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.train()  # transformers only checkpoints in training mode; Llama has no dropout
+    sharded = distributed.world_size() > 1
+    learner = distributed.shard(policy) if sharded else TokenLogprobModel(policy)
     # beta = 0 means no KL term, so no reference model is loaded at all.
     reference = load_causal_lm(model_path, t.dtype, device, trainable=False) if algo.beta else None
     critic = critic_optimizer = None
@@ -195,8 +202,8 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         else:
             critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
-    sampler = make_sampler(cfg, model_path, tokenizer, policy, device)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    sampler = make_sampler(cfg, model_path, tokenizer, policy, device, learner if sharded else None)
+    optimizer = torch.optim.AdamW(learner.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     warmup_updates = t.warmup_steps * t.mini_batches * t.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / (warmup_updates + 1))
@@ -207,6 +214,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         device=device,
         tokenizer=tokenizer,
         policy=policy,
+        learner=learner,
         reference=reference,
         critic=critic,
         critic_optimizer=critic_optimizer,
@@ -238,6 +246,7 @@ def run_state(run: Run) -> tuple[dict, dict]:
         "rng": rng_state(),
         "run_rng": [run.rng.getstate()[0], list(run.rng.getstate()[1]), run.rng.getstate()[2]],
         "sampler_calls": getattr(run.sampler, "calls", 0),
+        "world_size": distributed.world_size(),
     }
     tensors = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
     if run.critic_optimizer is not None:
@@ -248,7 +257,16 @@ def run_state(run: Run) -> tuple[dict, dict]:
 def restore(run: Run, checkpoint: Path) -> None:
     """Put the saved optimiser, scheduler, counters and RNG states back into a fresh `run`."""
     state, tensors = load_checkpoint(checkpoint)
-    run.optimizer.load_state_dict(tensors["optimizer"])
+    if state.get("world_size", 1) != distributed.world_size():
+        raise ConfigError(
+            f"{checkpoint} was written by {state.get('world_size', 1)} process(es) and this run "
+            f"has {distributed.world_size()}: its optimiser state is laid out for that number. "
+            "Resume with as many processes, or start afresh from its weights (model.path=...)."
+        )
+    if distributed.world_size() > 1:
+        distributed.load_full_optimizer_state(run.learner, run.optimizer, tensors["optimizer"])
+    else:
+        run.optimizer.load_state_dict(tensors["optimizer"])
     run.scheduler.load_state_dict(tensors["scheduler"])
     if run.critic_optimizer is not None:
         run.critic_optimizer.load_state_dict(tensors["critic_optimizer"])
@@ -306,7 +324,8 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     zero-signal groups by duplicates of informative ones; otherwise the batch is as sampled.
     """
     t, algo = run.cfg.trainer, run.cfg.algo
-    P, G = t.prompts_per_step, t.group_size
+    world = distributed.world_size()
+    P, G = t.prompts_per_step // world, t.group_size  # under torchrun, this rank's share
     parts, kept_scores, sampled_groups, equal_groups, rounds = [], [], 0, 0, []
     reward_seconds = 0.0
 
@@ -319,7 +338,8 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
 
     for _ in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
         batch, round_scores = sample_and_score(
-            run.sampler, timed_scorer, run.tokenizer, run.prompts.take(P), G,
+            run.sampler, timed_scorer, run.tokenizer,
+            run.prompts.take(P * world)[distributed.rank() :: world], G,
             run.cfg.data.system_prompt,
         )  # fmt: skip
         rounds.append(round_scores)
@@ -366,6 +386,11 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     return batch, scores, metrics
 
 
+def autocast(device: torch.device, bf16: bool):
+    """bfloat16 autocast for the learner on CUDA when asked; a no-op context elsewhere."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda")
+
+
 def train_step(run: Run) -> dict[str, float]:
     """One step: sample, score, update. Returns the step's metrics (times in seconds)."""
     t, algo = run.cfg.trainer, run.cfg.algo
@@ -384,14 +409,21 @@ def train_step(run: Run) -> dict[str, float]:
         keep = (~batch.truncated).to(batch.response_mask)[:, None]
         batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
 
-    mbs, temp = t.micro_batch_size, run.cfg.sampler.temperature
-    ref_logp = batch_logprobs(run.reference, batch, mbs, temp) if run.reference else None
+    mbs, tokens = t.micro_batch_size, t.max_tokens_per_micro_batch
+    temp = run.cfg.sampler.temperature
+    # bfloat16 autocast on CUDA when trainer.bf16_autocast (a fresh context for each use).
+    precision = lambda: autocast(run.device, t.bf16_autocast)  # noqa: E731
+    ref_logp = None
+    if run.reference is not None:
+        with precision():
+            ref_logp = batch_logprobs(run.reference, batch, mbs, temp, tokens)
     # With one update per batch the sampling policy is the current one, so its log-probs
     # equal the learner's own (detached); they are stored up front only when several updates
     # follow or the KL goes into the reward.
     kl_in_reward = algo.kl_in == "reward" and ref_logp is not None
     need_old = t.mini_batches * t.epochs > 1 or kl_in_reward or run.critic is not None
-    old_logp = batch_logprobs(run.policy, batch, mbs, temp) if need_old else None
+    with precision():
+        old_logp = batch_logprobs(run.learner, batch, mbs, temp, tokens) if need_old else None
     kl_k1 = None
     if kl_in_reward:
         kl_k1 = (old_logp - ref_logp) * batch.response_mask
@@ -427,13 +459,15 @@ def train_step(run: Run) -> dict[str, float]:
             texts = run.rng.sample(run.ptx_texts, min(mbs, len(run.ptx_texts)))
             return algo.ptx_coef * lm_loss(run.policy, run.tokenizer, texts)
 
-    epochs = [
-        learn(
-            run.policy, run.optimizer, objective, batch, advantages, ref_logp, old_logp,
-            t.mini_batches, mbs, t.max_grad_norm, run.scheduler, aux_loss=ptx,
-        )
-        for _ in range(t.epochs)
-    ]  # fmt: skip
+    with precision():
+        epochs = [
+            learn(
+                run.learner, run.optimizer, objective, batch, advantages, ref_logp, old_logp,
+                t.mini_batches, mbs, t.max_grad_norm, run.scheduler, aux_loss=ptx,
+                max_tokens=tokens,
+            )
+            for _ in range(t.epochs)
+        ]  # fmt: skip
     if run.critic is not None:
         for _ in range(t.epochs):
             metrics.update(
@@ -477,37 +511,50 @@ def train_step(run: Run) -> dict[str, float]:
 
 
 def save(run: Run, run_dir: Path) -> Path:
+    """Write a checkpoint of the run; under torchrun every rank gathers, rank 0 writes."""
     state, tensors = run_state(run)
     extra = {"critic": run.critic} if run.critic is not None else None
-    return save_checkpoint(
-        run_dir, run.step, run.policy, run.tokenizer, tensors, state,
-        run.cfg.trainer.keep_last, extra,
-    )  # fmt: skip
+    weights, target = None, run_dir / "checkpoints" / f"step_{run.step}"
+    if distributed.world_size() > 1:
+        weights, tensors["optimizer"] = distributed.full_state(run.learner, run.optimizer)
+    if distributed.is_main():
+        target = save_checkpoint(
+            run_dir, run.step, run.policy, run.tokenizer, tensors, state,
+            run.cfg.trainer.keep_last, extra, weights,
+        )  # fmt: skip
+    distributed.barrier()
+    return target
 
 
 def train(cfg: Config, run_dir: Path) -> Path:
     """Run steps up to `cfg.trainer.max_steps`, writing metrics and checkpoints under `run_dir`;
-    continue a run from its checkpoint as `trainer.resume` says."""
+    continue a run from its checkpoint as `trainer.resume` says. Under torchrun every rank
+    runs this; rank 0 alone prints, logs and writes."""
     t = cfg.trainer
+    say = print if distributed.is_main() else lambda *_: None
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = resume_point(t.resume, run_dir)
-    for name in remove_incomplete(run_dir):
-        print(f"rlcli: removed {name}, a checkpoint whose writing was interrupted")
+    if distributed.is_main():
+        for name in remove_incomplete(run_dir):
+            say(f"rlcli: removed {name}, a checkpoint whose writing was interrupted")
     run = setup(cfg, checkpoint)
     if checkpoint is not None:
-        print(f"rlcli: resuming from {checkpoint} (step {run.step})")
+        say(f"rlcli: resuming from {checkpoint} (step {run.step})")
         if run.step >= t.max_steps:
-            print(f"rlcli: step {run.step} reached trainer.max_steps; raise it to train further")
-    print(f"rlcli: training {run.model_path} on {run.device}; writing to {run_dir}")
+            say(f"rlcli: step {run.step} reached trainer.max_steps; raise it to train further")
+    world = distributed.world_size()
+    processes = f" in {world} processes" if world > 1 else ""
+    say(f"rlcli: training {run.model_path} on {run.device}{processes}; writing to {run_dir}")
     # The tracker's table of samples shows what the step scored, prompts and rewards included.
     run.scorer = scored = RecordingScorer(run.scorer)
-    tracker = Tracker(cfg, run_dir, first_step=run.step + 1)
+    tracker = Tracker(cfg, run_dir, first_step=run.step + 1) if say is print else NoTracker()
     with LoopGuard(t.max_bad_steps, tracker.write) as guard:
         while run.step < t.max_steps:
             with scored.recording() as samples:
                 metrics = train_step(run)
             run.step += 1
-            metrics = {"step": run.step, **metrics}
+            # Under torchrun: averaged over the ranks (times: the slowest rank's).
+            metrics = distributed.mean_metrics({"step": run.step, **metrics})
             sample = metrics.pop("_sample")
             if t.eval_every and (run.step % t.eval_every == 0 or run.step == t.max_steps):
                 held_out = evaluate(
@@ -519,14 +566,17 @@ def train(cfg: Config, run_dir: Path) -> Path:
             guard.observe(run.step, metrics)
             if cfg.logger.sample_every and run.step % cfg.logger.sample_every == 0:
                 tracker.write(f"[step {run.step}] {sample!r}")
+            # Every rank stops at the same step, whichever of them was signalled.
+            stopping = bool(distributed.all_max(int(guard.stopping)))
             due = t.save_every and run.step % t.save_every == 0
-            if due or run.step == t.max_steps or guard.stopping:
+            if due or run.step == t.max_steps or stopping:
                 saved = save(run, run_dir)
-            if guard.stopping:
+            if stopping:
                 tracker.finish()
                 raise guard.stop(run.step, saved, run_dir)
     curves = tracker.finish()
-    print(f"rlcli: metrics in {tracker.path}")
-    print(f"rlcli: curves in {curves}")
-    print(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
+    say(f"rlcli: metrics in {tracker.path}")
+    say(f"rlcli: curves in {curves}")
+    say(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
+    distributed.shutdown()
     return tracker.path

@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from rlcli import distributed
 from rlcli.config import ConfigError, SamplerConfig
 from rlcli.rollout import Rollout, rollout_from_tokens
 
@@ -125,7 +126,7 @@ class VLLMSampler:
     def sync(self, policy: torch.nn.Module) -> None:
         """Load the learner's current weights into the engine; drop caches built from old ones."""
         self._wake()
-        weights = [(name, p.detach()) for name, p in policy.named_parameters()]
+        weights = distributed.full_parameters(policy)  # whole tensors, also when sharded
         self.llm.collective_rpc(_load_weights, args=(weights,))
         self.llm.reset_prefix_cache()
 

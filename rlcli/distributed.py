@@ -1,0 +1,190 @@
+"""Data parallelism under torchrun: who this process is, sharding, and reductions.
+
+`torchrun --nproc_per_node N -m rlcli train ...` starts N ranks. Each samples and scores its
+own share of the step's prompts with its own rollout engine, and the learner is one model
+sharded across the ranks with FSDP2 (`fully_shard`; NCCL on CUDA, gloo on CPU). The loss of
+each rank is its share of the global loss (the aggregation divides by the global token and
+response counts), so the gradient of one step equals that of one process on the whole batch.
+
+Outside torchrun (no WORLD_SIZE in the environment) every helper is the identity, so the
+single-process code path is the distributed one with one rank.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    """The rank that logs and writes checkpoints."""
+    return rank() == 0
+
+
+def init(device: torch.device) -> torch.device:
+    """Join the process group torchrun set up; returns this rank's device."""
+    if world_size() == 1 or dist.is_initialized():
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(minutes=30))
+    return device
+
+
+def shutdown() -> None:
+    """Leave torchrun's process group. Outside torchrun nothing: the default group there, if
+    any, is the in-process vLLM engine's own."""
+    if world_size() > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard(lm: nn.Module) -> nn.Module:
+    """Shard `lm` across the ranks (each decoder layer, then the rest) and return the module
+    the learner calls (`learner.TokenLogprobModel`); `lm`'s parameters become shards
+    (DTensors) of the same names, in place."""
+    from torch.distributed.fsdp import fully_shard
+
+    from rlcli.learner import TokenLogprobModel
+
+    layer_types = tuple(
+        type(m) for m in lm.modules() if type(m).__name__ in (lm._no_split_modules or [])
+    )
+    for module in lm.modules():
+        if isinstance(module, layer_types):
+            fully_shard(module)
+    wrapped = TokenLogprobModel(lm)
+    fully_shard(wrapped)
+    # Each rank's loss is already its share of the global loss (divided by the global token
+    # count), so gradients are summed over the ranks, not averaged as FSDP would by default.
+    for module in wrapped.modules():
+        if hasattr(module, "set_gradient_divide_factor"):
+            module.set_gradient_divide_factor(1.0)
+            # A plain SUM: gloo has no pre-multiplied sum, which the factor would use.
+            module.set_force_sum_reduction_for_comms(True)
+    # FSDP2 sets itself up on the first forward, which must go through the root: transformers'
+    # generate would reach the layers first and make each its own root.
+    with torch.no_grad():
+        ids = torch.zeros(1, 2, dtype=torch.long, device=lm.get_input_embeddings().weight.device)
+        wrapped(ids, torch.ones_like(ids), 1)
+    # The root keeps its weights gathered after a forward; the optimiser must see its shards.
+    wrapped.reshard()
+    return wrapped
+
+
+@contextmanager
+def gathered(root: nn.Module):
+    """The sharded root's own parameters (embeddings, final norm, LM head) whole, for code
+    that calls the LM outside the root's forward (transformers' generate); the decoder layers,
+    sharded on their own, gather themselves in their forward."""
+    if not hasattr(root, "unshard"):  # not sharded
+        yield
+        return
+    root.unshard()
+    try:
+        yield
+    finally:
+        root.reshard()
+
+
+def full_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) of every parameter, gathered from the shards on every rank."""
+    out = []
+    for name, param in model.named_parameters():
+        tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):  # a DTensor shard
+            tensor = tensor.full_tensor()
+        out.append((name, tensor))
+    return out
+
+
+def full_state(root: nn.Module, optimizer) -> tuple[dict, dict]:
+    """(the LM's state dict, the optimiser's) gathered whole on rank 0 (on CPU; other ranks
+    get empty dicts), for saving. `root` is `shard`'s result: the LM's keys lose its `lm.`."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    # The root stays gathered after a forward without backward (sampling, old log-probs); its
+    # registered parameters must be the sharded ones the optimiser holds.
+    root.reshard()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(root, options=options)
+    return (
+        {name.removeprefix("lm."): tensor for name, tensor in weights.items()},
+        get_optimizer_state_dict(root, optimizer, options=options),
+    )
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(model, optimizer, state, options=options)
+
+
+def all_sum(value: float) -> float:
+    """`value` summed over the ranks."""
+    if world_size() == 1:
+        return value
+    tensor = _on_backend(torch.tensor([float(value)], dtype=torch.float64))
+    dist.all_reduce(tensor)
+    return float(tensor)
+
+
+def all_max(value: int) -> int:
+    if world_size() == 1:
+        return value
+    tensor = _on_backend(torch.tensor([value], dtype=torch.int64))
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor)
+
+
+def _on_backend(tensor: torch.Tensor) -> torch.Tensor:
+    # NCCL reduces only CUDA tensors; gloo only CPU ones.
+    return tensor.cuda() if dist.get_backend() == "nccl" else tensor
+
+
+def mean_metrics(metrics: dict) -> dict:
+    """Each numeric metric averaged over the ranks; times are the slowest rank's, maxima the
+    largest, throughput and token counts the sum; other values are rank 0's."""
+    if world_size() == 1:
+        return metrics
+    gathered: list = [None] * world_size()
+    dist.all_gather_object(gathered, metrics)
+    out = dict(metrics)
+    for key, value in metrics.items():
+        if key == "step" or not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        values = [m[key] for m in gathered if isinstance(m.get(key), int | float)]
+        if key.startswith("time/") or key.endswith("_max"):
+            out[key] = max(values)
+        elif key.startswith("throughput/") or key == "batch/tokens":
+            out[key] = sum(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()

@@ -1,0 +1,122 @@
+"""Training speed: per-phase seconds of `rlcli train` steps, samples/s, tokens/s, peak memory,
+and the learner's achieved FLOP/s as a share of this machine's measured matmul peak.
+
+    .venv/bin/python scripts/bench.py                       # GRPO, SmolLM2-135M, 4 x 4 x <=48
+    .venv/bin/python scripts/bench.py algo=dapo --steps 6
+    torchrun --nproc_per_node 2 scripts/bench.py sampler=hf  # data-parallel
+
+Arguments other than --steps and --warmup are rlcli config overrides. The first `--warmup`
+steps (1) are run but not counted: they include one-off costs (compiling, allocator growth).
+Peak memory is the process's maximum resident set (CPU) or the largest CUDA allocation (GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlcli import distributed
+from rlcli.config import compose
+from rlcli.metrics import read_metrics
+from rlcli.trainer import train
+
+PHASES = ["sample", "reward", "logprobs", "advantages", "learn", "sync", "step"]
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an n x n matmul on `device`: the ceiling the learner is compared with."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first call warms up
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="steps counted")
+    parser.add_argument("--warmup", type=int, default=1, help="steps run first, not counted")
+    args, overrides = parser.parse_known_args()
+    total = args.warmup + args.steps
+    cfg = compose(
+        ["logger.progress=false", "trainer.save_every=0", *overrides,
+         f"trainer.max_steps={total}"]
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="rlcli-bench-") as run_dir:
+        train(cfg, Path(run_dir))
+        rows = read_metrics(Path(run_dir))[args.warmup :]
+    world = distributed.world_size()
+    if distributed.rank() != 0:
+        return
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, cfg.trainer.dtype)
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r.get(key, 0.0) for r in rows)
+
+    step = mean("time/step")
+    samples = cfg.trainer.prompts_per_step * cfg.trainer.group_size
+    # Learner FLOPs: a forward costs 2 per parameter per token it reads, a backward twice that;
+    # the LM head only runs on response tokens. Forwards: reference (beta > 0), old log-probs
+    # (several updates per batch), and one per epoch with its backward.
+    body, head = _param_counts(cfg)
+    tokens, responses = mean("batch/tokens"), mean("response/length_mean") * samples
+    forward = 2 * (body * tokens + head * responses) * world
+    forwards = (cfg.algo.beta > 0) + (cfg.trainer.mini_batches * cfg.trainer.epochs > 1)
+    flops = forward * (forwards + 3 * cfg.trainer.epochs)
+    learner_seconds = mean("time/learn") + mean("time/logprobs")
+    peak = matmul_peak(device, dtype) * world
+    report = {
+        "steps": len(rows),
+        "world_size": world,
+        **{f"seconds/{p}": round(mean(f"time/{p}"), 3) for p in PHASES},
+        "samples_per_s": round(samples / step, 2),
+        "tokens_per_s": round(mean("throughput/tokens_per_s"), 1),
+        "peak_memory_gib": round(peak_memory_gib(device), 2),
+        "learner_gflop_per_s": round(flops / learner_seconds / 1e9, 2),
+        "matmul_peak_gflop_per_s": round(peak / 1e9, 2),
+        "learner_share_of_peak": round(flops / learner_seconds / peak, 4),
+        "sync_share_of_step": round(mean("time/sync") / step, 4),
+        "reward_mean": round(mean("reward/mean"), 4),
+    }
+    print(json.dumps(report, indent=1))
+
+
+def _param_counts(cfg) -> tuple[int, int]:
+    """(parameters outside the LM head, LM head parameters) of the policy, read on the meta
+    device (shapes only); a tied embedding counts once, as the head."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcli.models import resolve_model_path
+
+    config = AutoConfig.from_pretrained(resolve_model_path(cfg.model, cfg.trainer.seed))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    head = model.get_output_embeddings().weight.numel()
+    total = sum(p.numel() for p in model.parameters())  # tied weights are listed once
+    embedding = 0 if config.tie_word_embeddings else model.get_input_embeddings().weight.numel()
+    return total - head - embedding, head
+
+
+if __name__ == "__main__":
+    main()
