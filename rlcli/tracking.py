@@ -10,6 +10,7 @@ itself, so `WANDB_MODE=offline` keeps the run on disk (`<run_dir>/wandb/`) for `
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ class WandbRun:
         self.wandb, self.table_every = wandb, logger.table_every
         # The run's W&B id is kept in the run directory, so a resumed run logs to the same run.
         id_file = run_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
         self.run = wandb.init(
             project=logger.project,
