@@ -10,6 +10,7 @@ math lives in `rlcli.ops`, `rlcli.learner.policy_objective` and `rlcli.critic`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -412,7 +413,7 @@ def train_step(run: Run) -> dict[str, float]:
     mbs, tokens = t.micro_batch_size, t.max_tokens_per_micro_batch
     temp = run.cfg.sampler.temperature
     # bfloat16 autocast on CUDA when trainer.bf16_autocast (a fresh context for each use).
-    precision = lambda: autocast(run.device, t.bf16_autocast)  # noqa: E731
+    precision = functools.partial(autocast, run.device, t.bf16_autocast)
     ref_logp = None
     if run.reference is not None:
         with precision():
