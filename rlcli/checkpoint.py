@@ -32,11 +32,22 @@ TENSORS_FILE = "optimizer.pt"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
+def python_rng_state(rng) -> list:
+    """The state of `random` (the module or a `random.Random`) as a JSON-ready list."""
+    version, keys, gauss = rng.getstate()
+    return [version, list(keys), gauss]
+
+
+def set_python_rng_state(rng, state: list) -> None:
+    version, keys, gauss = state
+    rng.setstate((version, tuple(keys), gauss))
+
+
 def rng_state() -> dict:
     """Python, numpy and torch RNG states as JSON-ready lists."""
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
-        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "python": python_rng_state(random),
         "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
         "torch": torch.get_rng_state().tolist(),
     }
@@ -46,8 +57,7 @@ def rng_state() -> dict:
 
 
 def restore_rng(state: dict) -> None:
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(keys), gauss))
+    set_python_rng_state(random, state["python"])
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))

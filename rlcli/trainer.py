@@ -25,11 +25,13 @@ from rlcli import distributed
 from rlcli.advantage import OUTCOME, outcome_advantages, process_advantages
 from rlcli.checkpoint import (
     load_checkpoint,
+    python_rng_state,
     remove_incomplete,
     restore_rng,
     resume_point,
     rng_state,
     save_checkpoint,
+    set_python_rng_state,
 )
 from rlcli.config import Config, ConfigError
 from rlcli.critic import batch_values, gae_advantages, learn_critic, load_critic
@@ -245,7 +247,7 @@ def run_state(run: Run) -> tuple[dict, dict]:
         "beta": run.beta,
         "sas": run.sas.state_dict(),
         "rng": rng_state(),
-        "run_rng": [run.rng.getstate()[0], list(run.rng.getstate()[1]), run.rng.getstate()[2]],
+        "run_rng": python_rng_state(run.rng),
         "sampler_calls": getattr(run.sampler, "calls", 0),
         "world_size": distributed.world_size(),
     }
@@ -274,8 +276,7 @@ def restore(run: Run, checkpoint: Path) -> None:
     run.step, run.beta = state["step"], state["beta"]
     run.prompts.position = state["data_position"]
     run.sas.load_state_dict(state["sas"])
-    version, keys, gauss = state["run_rng"]
-    run.rng.setstate((version, tuple(keys), gauss))
+    set_python_rng_state(run.rng, state["run_rng"])
     if hasattr(run.sampler, "calls"):
         run.sampler.calls = state["sampler_calls"]
     restore_rng(state["rng"])  # last: loading models above may have drawn numbers
