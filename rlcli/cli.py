@@ -166,4 +166,15 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         valid = ", ".join(COMMANDS)
         _fail(f"unknown command {command!r}; valid commands: {valid}. See rlcli --help.")
-    COMMANDS[command](rest)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        COMMANDS[command](rest)
+        return
+    # A torchrun rank: its process ends without Python's finalisation, which can abort it
+    # after a finished run (`distributed.end_process` says why).
+    from rlcli.distributed import end_process
+
+    try:
+        COMMANDS[command](rest)
+    except SystemExit as exit_:
+        end_process(exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None))
+    end_process(0)

@@ -62,6 +62,8 @@ def main() -> None:
     if distributed.is_main():
         torch.save(whole, out)
     distributed.shutdown()
+    if distributed.world_size() > 1:
+        distributed.end_process(0)
 
 
 if __name__ == "__main__":
