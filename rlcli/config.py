@@ -103,7 +103,7 @@ class SamplerConfig:
     max_model_len: int = 2048
     gpu_memory_utilization: float = 0.3
     tensor_parallel_size: int = 1
-    cpu_kv_cache_gb: float = 0.25
+    cpu_kv_cache_gb: float = 0.125
     enforce_eager: bool | None = None
 
 

@@ -308,8 +308,10 @@ def learn(
             old = logp.detach() if old_logp is None else old_logp[idx, :t]
             ref = None if ref_logp is None else ref_logp[idx, :t]
             sampled = None if batch.sampler_logp is None else batch.sampler_logp[idx, :t]
+            # Per-token advantages (GAE, process rewards) are cut to the micro-batch's width.
+            adv = advantages[idx] if advantages.dim() == 1 else advantages[idx, :t]
             loss, sums = policy_objective(
-                obj, logp, old, ref, advantages[idx], mask, entropy, total_tokens, total_seqs,
+                obj, logp, old, ref, adv, mask, entropy, total_tokens, total_seqs,
                 sampled,
             )  # fmt: skip
             loss.backward()

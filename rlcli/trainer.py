@@ -33,13 +33,19 @@ from rlcli.checkpoint import (
     save_checkpoint,
     set_python_rng_state,
 )
-from rlcli.config import Config, ConfigError
+from rlcli.config import Config, ConfigError, TrainerConfig
 from rlcli.critic import batch_values, gae_advantages, learn_critic, load_critic
 from rlcli.data import Problem, PromptStream, load_splits, render_prompt
 from rlcli.evaluate import EVAL_SEED, evaluate
 from rlcli.guard import LoopGuard
 from rlcli.learner import Objective, TokenLogprobModel, batch_logprobs, learn, lm_loss
-from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
+from rlcli.models import (
+    has_fast_bf16,
+    load_causal_lm,
+    load_tokenizer,
+    pick_device,
+    resolve_model_path,
+)
 from rlcli.ops.advantages import SasTracker
 from rlcli.reward_models import step_reward_tensors
 from rlcli.rollout import HFSampler, Rollout, concat_rollouts, eos_token_ids, select_rows
@@ -138,15 +144,15 @@ def fit_prompts(
 
 
 def make_sampler(
-    cfg: Config, model_path: str, tokenizer, policy, device, learner=None
+    cfg: Config, model_path: str, tokenizer, policy, device, dtype: str, learner=None
 ) -> HFSampler | VLLMSampler:
-    """The configured sampler, holding the policy's current weights (`learner`: the policy's
-    sharded root under torchrun, which transformers' sampling must gather first)."""
+    """The configured sampler, holding the policy's current weights; a vLLM engine runs in
+    `dtype` (`learner`: the policy's sharded root under torchrun, which transformers'
+    sampling must gather first)."""
     s, t = cfg.sampler, cfg.trainer
     if s.name == "vllm":
-        sampler = VLLMSampler(
-            model_path, tokenizer, eos_token_ids(tokenizer, policy), s, t.dtype, device, t.seed
-        )
+        eos_ids = eos_token_ids(tokenizer, policy)
+        sampler = VLLMSampler(model_path, tokenizer, eos_ids, s, dtype, device, t.seed)
         sampler.sync(policy)  # a reused engine may hold another run's weights
         return sampler
     gather = (lambda: distributed.gathered(learner)) if learner is not None else None
@@ -164,7 +170,10 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     tokenizer = load_tokenizer(model_path)
     fit_prompts(cfg, tokenizer, problems, "")  # an error if any is too long
     policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
-    return scorer, model_path, tokenizer, make_sampler(cfg, model_path, tokenizer, policy, device)
+    # In trainer.dtype: what is measured (eval) or kept (filter, pairs) should not depend on
+    # whether the machine has fast bfloat16.
+    sampler = make_sampler(cfg, model_path, tokenizer, policy, device, t.dtype)
+    return scorer, model_path, tokenizer, sampler
 
 
 def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
@@ -196,7 +205,9 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     sharded = distributed.world_size() > 1
     learner = distributed.shard(policy) if sharded else TokenLogprobModel(policy)
     # beta = 0 means no KL term, so no reference model is loaded at all.
-    reference = load_causal_lm(model_path, t.dtype, device, trainable=False) if algo.beta else None
+    # Frozen and used under autocast only, it is held in the compute dtype (half the memory).
+    compute = compute_dtype(t, device)
+    reference = load_causal_lm(model_path, compute, device, trainable=False) if algo.beta else None
     critic = critic_optimizer = None
     if algo.advantage == "gae":
         path = algo.critic_path or model_path
@@ -205,7 +216,9 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         else:
             critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
-    sampler = make_sampler(cfg, model_path, tokenizer, policy, device, learner if sharded else None)
+    sampler = make_sampler(
+        cfg, model_path, tokenizer, policy, device, compute, learner if sharded else None
+    )
     optimizer = torch.optim.AdamW(learner.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     warmup_updates = t.warmup_steps * t.mini_batches * t.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -388,9 +401,16 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     return batch, scores, metrics
 
 
-def autocast(device: torch.device, bf16: bool):
-    """bfloat16 autocast for the learner on CUDA when asked; a no-op context elsewhere."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda")
+def compute_dtype(t: TrainerConfig, device: torch.device) -> str:
+    """The dtype the learner multiplies in, the reference model is held in and the vLLM engine
+    runs in: bfloat16 when trainer.bf16_autocast and the device has fast bfloat16, else
+    trainer.dtype (the learner's weights and optimiser state are always in trainer.dtype)."""
+    return "bfloat16" if t.bf16_autocast and has_fast_bf16(device) else t.dtype
+
+
+def autocast(device: torch.device, dtype: str):
+    """bfloat16 autocast for the learner when it computes in bfloat16; else a no-op."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 
 def train_step(run: Run) -> dict[str, float]:
@@ -413,8 +433,8 @@ def train_step(run: Run) -> dict[str, float]:
 
     mbs, tokens = t.micro_batch_size, t.max_tokens_per_micro_batch
     temp = run.cfg.sampler.temperature
-    # bfloat16 autocast on CUDA when trainer.bf16_autocast (a fresh context for each use).
-    precision = functools.partial(autocast, run.device, t.bf16_autocast)
+    # bfloat16 autocast where the learner computes in it (a fresh context for each use).
+    precision = functools.partial(autocast, run.device, compute_dtype(t, run.device))
     ref_logp = None
     if run.reference is not None:
         with precision():

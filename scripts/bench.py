@@ -25,7 +25,7 @@ import torch
 from rlcli import distributed
 from rlcli.config import compose
 from rlcli.metrics import read_metrics
-from rlcli.trainer import train
+from rlcli.trainer import compute_dtype, train
 
 PHASES = ["sample", "reward", "logprobs", "advantages", "learn", "sync", "step"]
 
@@ -69,7 +69,8 @@ def main() -> None:
     if distributed.rank() != 0:
         return
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, cfg.trainer.dtype)
+    # The learner's matmuls run in the compute dtype (bfloat16 where the device is fast at it).
+    compute = compute_dtype(cfg.trainer, device)
 
     def mean(key: str) -> float:
         return statistics.fmean(r.get(key, 0.0) for r in rows)
@@ -85,10 +86,11 @@ def main() -> None:
     forwards = (cfg.algo.beta > 0) + (cfg.trainer.mini_batches * cfg.trainer.epochs > 1)
     flops = forward * (forwards + 3 * cfg.trainer.epochs)
     learner_seconds = mean("time/learn") + mean("time/logprobs")
-    peak = matmul_peak(device, dtype) * world
+    peak = matmul_peak(device, getattr(torch, compute)) * world
     report = {
         "steps": len(rows),
         "world_size": world,
+        "compute_dtype": compute,
         **{f"seconds/{p}": round(mean(f"time/{p}"), 3) for p in PHASES},
         "samples_per_s": round(samples / step, 2),
         "tokens_per_s": round(mean("throughput/tokens_per_s"), 1),

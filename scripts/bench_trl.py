@@ -4,6 +4,7 @@ memory of TRL's GRPOTrainer on rlcli's setup (SmolLM2-135M in fp32, the arithmet
 
     pip install trl                          # not an rlcli dependency; only this script uses it
     .venv/bin/python scripts/bench_trl.py --steps 3
+    .venv/bin/python scripts/bench_trl.py --steps 3 --bf16   # bfloat16 autocast, as rlcli
 
 TRL samples with transformers' generate here (no vLLM server on this CPU machine). The first
 step is run but not counted, as in scripts/bench.py.
@@ -42,6 +43,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="steps counted")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (rlcli's default)")
     args = parser.parse_args()
     cfg = compose(["logger.progress=false"])
     train, _ = load_splits(cfg.data)
@@ -69,7 +71,7 @@ def main() -> None:
             save_strategy="no",
             report_to=[],
             use_cpu=True,
-            bf16=False,
+            bf16=args.bf16,
             seed=cfg.trainer.seed,
             dataloader_num_workers=0,
         )

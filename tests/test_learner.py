@@ -2,6 +2,7 @@
 gradient does not depend on how the step is split into micro-batches."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -48,10 +49,21 @@ def test_left_padding_does_not_change_logprobs(run, batch):
     assert torch.allclose(padded[row, :n], alone[0, :n], atol=1e-5)
 
 
-@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
-def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation):
+@pytest.mark.parametrize(
+    ("aggregation", "per_token"),
+    [(a, False) for a in sorted(AGGREGATIONS)] + [("token_mean", True)],
+)
+def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation, per_token):
     torch.manual_seed(0)
-    advantages = torch.randn(len(batch.texts))
+    if per_token:
+        # Per-token advantages (PPO's GAE) span the batch's longest response; a micro-batch of
+        # shorter ones is narrower and must take only its own columns. The tiny model's
+        # responses all run to the limit, so they are cut to lengths 4, 8, ..., 48 here.
+        keep = torch.arange(batch.response_mask.shape[1]) < 4 * torch.arange(1, 13)[:, None]
+        batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
+        advantages = torch.randn(batch.response_mask.shape)
+    else:
+        advantages = torch.randn(len(batch.texts))
     ref_logp = batch_logprobs(run.policy, batch, 12) + 0.1 * torch.randn(batch.response_mask.shape)
     algo = copy.deepcopy(run.cfg.algo)
     algo.aggregation, algo.beta = aggregation, 0.1

@@ -15,7 +15,7 @@ import torch
 from rlcli.config import ConfigError, compose
 from rlcli.data import render_prompt
 from rlcli.learner import batch_logprobs
-from rlcli.models import smollm2_dir
+from rlcli.models import has_fast_bf16, smollm2_dir
 from rlcli.trainer import setup, train_step
 
 
@@ -33,7 +33,9 @@ def mean_abs_diff(a, b, mask):
 
 
 def test_engine_matches_the_learner_after_every_sync(tiny_overrides):
-    run = setup(compose([*tiny_overrides, "sampler=vllm"]))
+    # Engine and learner both in float32 here, so that a stale weight shows above the
+    # tolerance; bfloat16 rounding alone differs by ~0.03 per token on SmolLM2.
+    run = setup(compose([*tiny_overrides, "sampler=vllm", "trainer.bf16_autocast=false"]))
     start = copy.deepcopy(run.policy)
     for step in range(1, 4):
         metrics = train_step(run)  # ends by pushing the updated weights into the engine
@@ -93,7 +95,8 @@ def test_sampler_log_probs_with_truncated_importance_sampling(tiny_overrides):
 
 
 def test_smollm2_responses_end_at_eos_and_match_the_learner():
-    run = setup(compose(["sampler.max_new_tokens=48", "trainer.lr=1e-6", "logger.progress=false"]))
+    overrides = ["sampler.max_new_tokens=48", "trainer.lr=1e-6", "logger.progress=false"]
+    run = setup(compose([*overrides, "trainer.bf16_autocast=false"]))  # float32, as above
     batch = sample(run, n_prompts=2, group=2)
     assert "stop" in batch.finish_reasons, batch.texts  # SmolLM2 answers "a + b" briefly
     for row, why in enumerate(batch.finish_reasons):
@@ -124,3 +127,15 @@ def test_vllm_missing_gives_a_clear_error_and_hf_is_the_fallback(monkeypatch):
     with pytest.raises(ConfigError, match=r"rlcli\[cpu\].*sampler=hf"):
         compose(["model=tiny", "sampler=vllm"])
     assert compose(["model=tiny"]).sampler.name == "hf"
+
+
+def test_bf16_compute_puts_engine_and_reference_in_bfloat16(tiny_overrides):
+    run = setup(compose([*tiny_overrides, "algo.beta=0.04"]))
+    expected = torch.bfloat16 if has_fast_bf16(torch.device("cpu")) else torch.float32
+    assert run.sampler.llm.llm_engine.model_config.dtype == expected
+    assert run.reference.dtype == expected
+    assert run.policy.dtype == torch.float32  # the learner's weights stay in trainer.dtype
+    metrics = train_step(run)
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    # The engine's log-probs still follow the learner's, within bfloat16's rounding.
+    assert metrics["rollout/logp_abs_diff"] < 0.05
