@@ -63,7 +63,7 @@ def end_process(code: int) -> NoReturn:
     A gloo worker thread can still hold the last reference to a finished collective (FSDP's
     all-gathers) whose tensors belong to Python objects. Freed while the interpreter is
     being finalised, it tries to take the GIL, and the process aborts ("terminate called
-    without an active exception", SIGABRT) after the run has finished: 5 in 100 two-rank
+    without an active exception", SIGABRT) after the run has finished: 6 in 120 two-rank
     steps here when the CPU was busy. By the time this is called every file is written."""
     logging.shutdown()
     sys.stdout.flush()

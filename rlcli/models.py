@@ -152,11 +152,11 @@ def pick_device(name: str) -> torch.device:
 
 
 def has_fast_bf16(device: torch.device) -> bool:
-    """Whether `device` multiplies bfloat16 matrices natively: CUDA GPUs, and CPUs with
-    AVX512-BF16 or AMX (2.3x fp32's matmul rate on this project's 2-core CPU); elsewhere
-    bfloat16 is emulated and slower than fp32."""
+    """Whether `device` multiplies bfloat16 matrices natively: CUDA GPUs from Ampere on, and
+    CPUs with AVX512-BF16 or AMX (about 2.2x fp32's matmul rate on this project's 2-core CPU);
+    elsewhere bfloat16 is emulated and slower than fp32."""
     if device.type == "cuda":
-        return True
+        return torch.cuda.is_bf16_supported(including_emulation=False)
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return device.type == "cpu" and any(getattr(torch.cpu, c, lambda: False)() for c in checks)
 
