@@ -68,6 +68,7 @@ class Run:
     cfg: Config
     model_path: str
     device: torch.device
+    compute_dtype: str  # what the learner multiplies in (`compute_dtype`)
     tokenizer: object
     policy: torch.nn.Module  # the causal LM (sharded in place under torchrun)
     learner: torch.nn.Module  # TokenLogprobModel over the policy: what the learner calls
@@ -228,6 +229,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         cfg=cfg,
         model_path=model_path,
         device=device,
+        compute_dtype=compute,
         tokenizer=tokenizer,
         policy=policy,
         learner=learner,
@@ -434,7 +436,7 @@ def train_step(run: Run) -> dict[str, float]:
     mbs, tokens = t.micro_batch_size, t.max_tokens_per_micro_batch
     temp = run.cfg.sampler.temperature
     # bfloat16 autocast where the learner computes in it (a fresh context for each use).
-    precision = functools.partial(autocast, run.device, compute_dtype(t, run.device))
+    precision = functools.partial(autocast, run.device, run.compute_dtype)
     ref_logp = None
     if run.reference is not None:
         with precision():
