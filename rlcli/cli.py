@@ -48,8 +48,9 @@ def _job(raw, work) -> None:
     from omegaconf import OmegaConf
     from transformers.utils import logging as hf_logging
 
-    from rlcli.config import ConfigError, validate
-    from rlcli.guard import EXIT_CODES, RunStopped
+    from rlcli.config import ConfigError
+    from rlcli.config.validate import validate
+    from rlcli.train.guard import EXIT_CODES, RunStopped
 
     # rlcli draws its own progress bar; transformers' per-load bars would bury it.
     hf_logging.disable_progress_bar()
@@ -77,15 +78,13 @@ def _job(raw, work) -> None:
 
 
 def _train(cfg, run_dir: Path) -> None:
-    if cfg.algo.objective == "dpo":
-        from rlcli.dpo import train
-    else:
-        from rlcli.trainer import train
+    from rlcli.train.loop import train  # RL or DPO, as algo.objective says
+
     train(cfg, run_dir)
 
 
 def _pairs(cfg, run_dir: Path) -> None:
-    from rlcli.preference import make_pairs
+    from rlcli.pairs import make_pairs
 
     make_pairs(cfg, run_dir)
 
@@ -97,7 +96,7 @@ def _eval(cfg, run_dir: Path) -> None:
 
 
 def _plot(argv: list[str]) -> None:
-    from rlcli.plots import plot_command
+    from rlcli.plot import plot_command
 
     plot_command(argv)
 
@@ -118,7 +117,8 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     """Run `work` as a Hydra app over conf/, so overrides, -m and --help work as usual."""
     import hydra
 
-    from rlcli.config import CONF_DIR, ConfigError, check_overrides, with_default_sampler
+    from rlcli.config import CONF_DIR, ConfigError
+    from rlcli.config.validate import check_overrides, with_default_sampler
     from rlcli.recipes import check_recipe_choices, register_recipes
 
     # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how). An
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     # A torchrun rank: its process ends without Python's finalisation, which can abort it
     # after a finished run (`distributed.end_process` says why).
-    from rlcli.distributed import end_process
+    from rlcli.runtime.distributed import end_process
 
     try:
         COMMANDS[command](rest)

@@ -17,8 +17,10 @@ import torch
 from tqdm import tqdm
 
 from rlcli.config import Config
-from rlcli.data import Problem, load_splits, write_records
-from rlcli.trainer import frozen_sampling, sample_and_score, seed_everything
+from rlcli.data import load_splits
+from rlcli.data.problems import Problem, write_records
+from rlcli.rewards.sampling import frozen_sampling, scored_chunks
+from rlcli.runtime.seed import seed_everything
 
 
 def verdicts(scores: torch.Tensor, correct_above: float) -> list[str]:
@@ -52,9 +54,10 @@ def filter_dataset(cfg: Config, run_dir: Path) -> dict:
     kept: list[Problem] = []
     counts = {"always": 0, "never": 0, "mixed": 0}
     bar = tqdm(total=len(problems), desc="filter", unit="prompt", disable=not cfg.logger.progress)
-    for start in range(0, len(problems), f.prompts_per_batch):
-        chunk = problems[start : start + f.prompts_per_batch]
-        _, scores = sample_and_score(sampler, scorer, tokenizer, chunk, f.k, cfg.data.system_prompt)
+    chunks = scored_chunks(
+        sampler, scorer, tokenizer, problems, f.k, cfg.data.system_prompt, f.prompts_per_batch
+    )
+    for chunk, _, scores in chunks:
         for problem, verdict in zip(
             chunk, verdicts(scores.total.view(len(chunk), f.k), f.correct_above), strict=True
         ):

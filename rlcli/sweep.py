@@ -25,8 +25,8 @@ import yaml
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
-from rlcli.metrics import METRICS_FILE, read_metrics
-from rlcli.plots import REWARD, draw_curves, panel_key, series
+from rlcli.tracking.metrics import METRICS_FILE, read_metrics
+from rlcli.tracking.plots import REWARD, draw_curves, panel_key, series
 
 
 @dataclass

@@ -9,8 +9,9 @@ model, `reward=space_rate`) and prints a Markdown table:
 import argparse
 import time
 
-from rlcli.config import compose
-from rlcli.trainer import setup, train_step
+from rlcli.config.validate import compose
+from rlcli.train.run import setup
+from rlcli.train.step import train_step
 from tests.conftest import TINY_ANY_ALGO
 from tests.test_algos import ALGOS, EXTRA, STEPS
 

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
-from rlcli import distributed
-from rlcli.config import compose
-from rlcli.metrics import read_metrics
-from rlcli.trainer import compute_dtype, train
+from rlcli.config.validate import compose
+from rlcli.runtime import distributed
+from rlcli.runtime.models import compute_dtype
+from rlcli.tracking.metrics import read_metrics
+from rlcli.train.loop import train
 
 PHASES = ["sample", "reward", "logprobs", "advantages", "learn", "sync", "step"]
 
@@ -109,7 +110,7 @@ def _param_counts(cfg) -> tuple[int, int]:
     device (shapes only); a tied embedding counts once, as the head."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlcli.models import resolve_model_path
+    from rlcli.runtime.models import resolve_model_path
 
     config = AutoConfig.from_pretrained(resolve_model_path(cfg.model, cfg.trainer.seed))
     with torch.device("meta"):

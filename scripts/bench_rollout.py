@@ -14,10 +14,10 @@ import argparse
 import statistics
 import time
 
-from rlcli.config import compose
-from rlcli.data import render_prompt
-from rlcli.rollout import HFSampler
-from rlcli.trainer import setup
+from rlcli.config.validate import compose
+from rlcli.data.problems import render_prompt
+from rlcli.rollout.hf import HFSampler
+from rlcli.train.run import setup
 
 
 def timed(fn, repeats: int) -> list[float]:

@@ -21,10 +21,10 @@ import time
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from rlcli.config import compose
+from rlcli.config.validate import compose
 from rlcli.data import load_splits
-from rlcli.models import resolve_model_path
-from rlcli.rewards import accuracy
+from rlcli.rewards.rules import accuracy
+from rlcli.runtime.models import resolve_model_path
 
 
 class StepTimer(TrainerCallback):

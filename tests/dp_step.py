@@ -13,11 +13,12 @@ import sys
 
 import torch
 
-from rlcli import distributed
 from rlcli.config import AlgoConfig, SamplerConfig
-from rlcli.learner import Objective, TokenLogprobModel, learn
-from rlcli.models import load_causal_lm
-from rlcli.rollout import rollout_from_tokens, select_rows
+from rlcli.rollout.batch import rollout_from_tokens, select_rows
+from rlcli.runtime import distributed
+from rlcli.runtime.models import load_causal_lm
+from rlcli.train.batch import TrainBatch
+from rlcli.train.learner import TokenLogprobModel, UpdatePlan, learn, objective_from_config
 
 
 def fixed_batch(vocab: int):
@@ -41,17 +42,19 @@ def main() -> None:
     device = distributed.init(torch.device("cpu"))
     policy = load_causal_lm(model_dir, "float32", device)
     world, rank = distributed.world_size(), distributed.rank()
-    learner = distributed.shard(policy) if world > 1 else TokenLogprobModel(policy)
+    learner = TokenLogprobModel(policy)
+    if world > 1:
+        learner = distributed.shard(learner, policy)
     optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-3)
     batch, advantages, old_logp = fixed_batch(policy.config.vocab_size)
     rows = list(range(rank, len(batch.texts), world))
     algo = AlgoConfig(aggregation=aggregation, beta=0.0)
-    objective = Objective.from_config(algo, SamplerConfig(), norm_len=16)
-    metrics = learn(
-        learner, optimizer, objective, select_rows(batch, rows), advantages[rows],
-        None, old_logp[rows], mini_batches=1, micro_batch_size=3, max_grad_norm=1e-4,
-        max_tokens=40,
-    )  # fmt: skip
+    objective = objective_from_config(algo, SamplerConfig(), norm_len=16)
+    mine = TrainBatch(
+        select_rows(batch, rows), torch.zeros(len(rows)), advantages[rows], old_logp[rows]
+    )
+    plan = UpdatePlan(mini_batches=1, micro_batch_size=3, max_tokens=40, max_grad_norm=1e-4)
+    metrics = learn(learner, optimizer, objective, mine, plan)
     grads = {n: p.grad for n, p in learner.named_parameters()}
     whole = {
         "params": dict(distributed.full_parameters(learner)),

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from rlcli.config import CONF_DIR, ConfigError, compose
+from rlcli.config import CONF_DIR, ConfigError
+from rlcli.config.validate import compose
 
 
 def group_choices():

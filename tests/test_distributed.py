@@ -9,9 +9,16 @@ import torch
 from safetensors.torch import load_file
 
 from rlcli.config import AlgoConfig, SamplerConfig
-from rlcli.learner import Objective, TokenLogprobModel, learn, plan_micro_batches
-from rlcli.metrics import read_metrics
-from rlcli.models import load_causal_lm
+from rlcli.runtime.models import load_causal_lm
+from rlcli.tracking.metrics import read_metrics
+from rlcli.train.batch import TrainBatch
+from rlcli.train.learner import (
+    TokenLogprobModel,
+    UpdatePlan,
+    learn,
+    objective_from_config,
+    plan_micro_batches,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dp_step import fixed_batch  # noqa: E402
@@ -48,11 +55,10 @@ def one_step(model_dir: str, micro_batch_size: int, max_tokens: int) -> dict:
     learner = TokenLogprobModel(policy)
     optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-3)
     batch, advantages, old_logp = fixed_batch(policy.config.vocab_size)
-    objective = Objective.from_config(AlgoConfig(beta=0.0), SamplerConfig(), norm_len=16)
-    metrics = learn(
-        learner, optimizer, objective, batch, advantages, None, old_logp, 1,
-        micro_batch_size, 1.0, max_tokens=max_tokens,
-    )  # fmt: skip
+    objective = objective_from_config(AlgoConfig(beta=0.0), SamplerConfig(), norm_len=16)
+    train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, old_logp)
+    plan = UpdatePlan(1, micro_batch_size, max_tokens, max_grad_norm=1.0)
+    metrics = learn(learner, optimizer, objective, train_batch, plan)
     grads = {n: p.grad.clone() for n, p in learner.named_parameters()}
     return {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "grads": grads}
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcli.config import ConfigError, compose
+from rlcli.config import ConfigError
+from rlcli.config.validate import compose
 from rlcli.data import load_splits
-from rlcli.dpo import encode_pairs, pair_metrics, sequence_logprobs, setup, train_step
-from rlcli.preference import best_vs_worst
+from rlcli.pairs import best_vs_worst
+from rlcli.train.dpo import encode_pairs, pair_metrics, sequence_logprobs, setup, train_step
 from tests.test_train import rlcli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pairs.jsonl"

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from rlcli.config import compose
+from rlcli.config.validate import compose
 from rlcli.data import load_splits
-from rlcli.evaluate import evaluate, pass_at_k, pass_at_ks
-from rlcli.trainer import collect_batch, setup
+from rlcli.train.held_out import evaluate, pass_at_k, pass_at_ks
+from rlcli.train.run import setup
+from rlcli.train.step import collect_batch
 from tests.test_train import rlcli
 
 
@@ -72,7 +73,7 @@ def test_evaluation_is_greedy_and_leaves_the_training_samples_alone():
 
 
 def test_trainer_eval_every_logs_held_out_metrics(tmp_path):
-    from rlcli.trainer import train
+    from rlcli.train.loop import train
 
     cfg = compose(
         [

@@ -5,7 +5,8 @@ import json
 
 import torch
 
-from rlcli.config import DataConfig, compose
+from rlcli.config import DataConfig
+from rlcli.config.validate import compose
 from rlcli.data import load_splits
 from rlcli.filter import verdicts
 from tests.test_train import rlcli

@@ -7,11 +7,19 @@ import dataclasses
 import pytest
 import torch
 
-from rlcli.config import SamplerConfig, compose
-from rlcli.learner import Objective, batch_logprobs, learn, token_logprobs
+from rlcli.config import SamplerConfig
+from rlcli.config.validate import compose
 from rlcli.ops.policy_loss import AGGREGATIONS
-from rlcli.rollout import response_mask_from
-from rlcli.trainer import setup
+from rlcli.rollout.batch import response_mask_from
+from rlcli.train.batch import TrainBatch
+from rlcli.train.learner import (
+    UpdatePlan,
+    batch_logprobs,
+    learn,
+    objective_from_config,
+    token_logprobs,
+)
+from rlcli.train.run import setup
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +75,15 @@ def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation, per_
     ref_logp = batch_logprobs(run.policy, batch, 12) + 0.1 * torch.randn(batch.response_mask.shape)
     algo = copy.deepcopy(run.cfg.algo)
     algo.aggregation, algo.beta = aggregation, 0.1
-    objective = Objective.from_config(algo, SamplerConfig(), norm_len=16)
+    objective = objective_from_config(algo, SamplerConfig(), norm_len=16)
+    train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, None, ref_logp)
     grads = []
     for micro in (12, 5, 1):
         policy = copy.deepcopy(run.policy)
         # lr 0: the step leaves the weights alone and the accumulated gradient in .grad.
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
-        metrics = learn(
-            policy, optimizer, objective, batch, advantages, ref_logp, None, 1, micro, 0.0
-        )
+        plan = UpdatePlan(mini_batches=1, micro_batch_size=micro, max_grad_norm=0.0)
+        metrics = learn(policy, optimizer, objective, train_batch, plan)
         grads.append((metrics["loss"], torch.cat([p.grad.flatten() for p in policy.parameters()])))
     (loss, grad), others = grads[0], grads[1:]
     assert grad.abs().sum() > 0

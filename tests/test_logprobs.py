@@ -32,7 +32,7 @@ def test_chunked_equals_plain_values_and_gradients(temperature):
 def test_learner_logprobs_equal_the_models_own_logits(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rlcli.learner import token_logprobs
+    from rlcli.train.learner import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     torch.manual_seed(1)

@@ -24,7 +24,8 @@ from rlcli.recipes import (
     find_recipes,
     register_recipes,
 )
-from rlcli.trainer import setup, train_step
+from rlcli.train.run import setup
+from rlcli.train.step import train_step
 
 RECIPES = find_recipes()
 PAPERS = [r for r in RECIPES if not r.cpu_twin]

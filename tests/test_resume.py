@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlcli.checkpoint import list_checkpoints, load_checkpoint
-from rlcli.config import compose
-from rlcli.guard import EXIT_BAD_STEPS, RunStopped
-from rlcli.metrics import read_metrics
-from rlcli.trainer import train
+from rlcli.config.validate import compose
+from rlcli.tracking.metrics import read_metrics
+from rlcli.train.checkpoint import list_checkpoints, load_checkpoint
+from rlcli.train.guard import EXIT_BAD_STEPS, RunStopped
+from rlcli.train.loop import train
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = [

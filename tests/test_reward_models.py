@@ -6,15 +6,15 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig
 
 from rlcli.config import ConfigError
-from rlcli.models import smollm2_dir
 from rlcli.ops.advantages import grpo_process_advantages
-from rlcli.reward_models import (
+from rlcli.rewards.models import (
     OutcomeRewardModel,
     ProcessRewardModel,
     split_steps,
     step_reward_tensors,
     token_index_at_char,
 )
+from rlcli.runtime.models import smollm2_dir
 
 CPU = torch.device("cpu")
 TAG = "<issue_comment>"  # a single special token of SmolLM2's vocabulary
@@ -233,8 +233,8 @@ def test_prm_scores_feed_grpo_process_advantages(model_dirs, tokenizer):
 
 
 def tiny_run(*overrides):
-    from rlcli.config import compose
-    from rlcli.trainer import setup
+    from rlcli.config.validate import compose
+    from rlcli.train.run import setup
 
     return setup(
         compose(
@@ -251,7 +251,7 @@ def tiny_run(*overrides):
 
 
 def test_training_on_an_outcome_reward_model(model_dirs):
-    from rlcli.trainer import collect_batch, train_step
+    from rlcli.train.step import collect_batch, train_step
 
     path = model_dirs["orm", 1]
     run = tiny_run("reward=reward_model", f"reward.model_path={path}")
@@ -270,8 +270,8 @@ def _questions(run, batch):
 
 
 def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
-    from rlcli.advantage import process_advantages
-    from rlcli.trainer import collect_batch, train_step
+    from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
+    from rlcli.train.step import collect_batch, train_step
 
     run = tiny_run(
         "reward=process",
@@ -284,7 +284,13 @@ def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
     ends = ~batch.step_rewards.isnan()
     assert ends.sum() > len(batch.texts)  # several steps per response on average
     assert not (ends & ~batch.response_mask.bool()).any()
-    advantages = process_advantages(batch.step_rewards, run.cfg.trainer.group_size)
+    mask = batch.response_mask
+    inputs = AdvantageInputs(
+        scores=scores, kl_penalty=torch.zeros(mask.shape), mask=mask,
+        group_size=run.cfg.trainer.group_size, prompt_ids=batch.prompt_ids,
+        step_rewards=batch.step_rewards,
+    )  # fmt: skip
+    advantages, _ = ADVANTAGES["grpo_process"](inputs)
     assert advantages.shape == batch.response_mask.shape
     # Per token, not per response: within a row the advantage changes at step ends.
     rows = zip(advantages, batch.response_mask.bool(), strict=True)

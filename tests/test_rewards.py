@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcli.advantage import OUTCOME, outcome_advantages
-from rlcli.config import ConfigError, compose
-from rlcli.ops.advantages import SasTracker, grpo_advantages
-from rlcli.rewards import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
-from rlcli.scoring import Sample, Scorer, load_function
-from rlcli.shaping import informative_groups
+from rlcli.config import ConfigError
+from rlcli.config.validate import compose
+from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs, SasTracker, grpo_advantages
+from rlcli.rewards.rules import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
+from rlcli.rewards.scorer import Sample, Scorer, load_function
+from rlcli.train.shaping import informative_groups
 
 THINK_ANSWER = compose(["reward=format"]).reward.pattern
 BOXED = compose(["reward=dcpo"]).reward.pattern
@@ -215,7 +215,12 @@ def test_bad_reward_configs_are_named(overrides, named):
 def test_missing_rewards_are_left_out_of_group_statistics():
     nan = math.nan
     rewards = torch.tensor([[1.0, nan, 0.0, 0.5], [1.0, 1.0, 1.0, 1.0], [nan, nan, 0.0, 1.0]])
-    advantages = outcome_advantages(OUTCOME["grpo"], rewards, ["a", "b", "c"], SasTracker())
+    inputs = AdvantageInputs(
+        scores=rewards.flatten(), kl_penalty=torch.zeros(12, 1), mask=torch.ones(12, 1),
+        group_size=4, prompt_ids=[i for i in "abc" for _ in range(4)], sas=SasTracker(),
+    )  # fmt: skip
+    advantages, _ = ADVANTAGES["grpo"](inputs)
+    advantages = advantages.view(3, 4)
     # Each group as if it held only its scored responses; missing ones get 0.
     assert advantages[0, [0, 2, 3]].tolist() == pytest.approx(
         grpo_advantages(torch.tensor([[1.0, 0.0, 0.5]]))[0].tolist()

@@ -7,12 +7,15 @@ import random
 import pytest
 import torch
 
-from rlcli.config import ConfigError, compose
-from rlcli.learner import batch_logprobs
-from rlcli.rewards import space_rate
-from rlcli.rollout import concat_rollouts, select_rows
-from rlcli.shaping import dupo_fill, group_rows, informative_groups
-from rlcli.trainer import collect_batch, setup, train, train_step
+from rlcli.config import ConfigError
+from rlcli.config.validate import compose
+from rlcli.rewards.rules import space_rate
+from rlcli.rollout.batch import concat_rollouts, select_rows
+from rlcli.train.learner import batch_logprobs
+from rlcli.train.loop import train
+from rlcli.train.run import setup
+from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
+from rlcli.train.step import collect_batch, train_step
 
 
 def test_informative_groups_and_dupo_fill():

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcli.plots import PANELS, draw_curves, panel_lines, series
 from rlcli.sweep import write_summary
+from rlcli.tracking.plots import PANELS, draw_curves, panel_lines, series
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -225,7 +225,7 @@ def test_series_turns_null_and_absent_values_into_gaps():
 
 
 def test_panels_only_for_metrics_a_run_has(tmp_path):
-    from rlcli.metrics import read_metrics
+    from rlcli.tracking.metrics import read_metrics
 
     # A partial last line (a job killed mid-write) is skipped, not an error.
     rl = read_metrics(write_metrics(tmp_path / "rl", RL_ROWS, tail='{"step": 5, "rew'))

@@ -9,9 +9,10 @@ import sys
 import pytest
 import torch
 
-from rlcli.config import compose
-from rlcli.rewards import space_rate
-from rlcli.trainer import collect_batch, setup, train_step
+from rlcli.config.validate import compose
+from rlcli.rewards.rules import space_rate
+from rlcli.train.run import setup
+from rlcli.train.step import collect_batch, train_step
 
 
 @pytest.mark.parametrize("sampler", ["vllm", "hf"])

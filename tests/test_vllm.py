@@ -12,11 +12,13 @@ import importlib.util
 import pytest
 import torch
 
-from rlcli.config import ConfigError, compose
-from rlcli.data import render_prompt
-from rlcli.learner import batch_logprobs
-from rlcli.models import has_fast_bf16, smollm2_dir
-from rlcli.trainer import setup, train_step
+from rlcli.config import ConfigError
+from rlcli.config.validate import compose
+from rlcli.data.problems import render_prompt
+from rlcli.runtime.models import has_fast_bf16, smollm2_dir
+from rlcli.train.learner import batch_logprobs
+from rlcli.train.run import setup
+from rlcli.train.step import train_step
 
 
 def sample(run, n_prompts=4, group=4):

@@ -4,8 +4,13 @@ Outcome estimators take the rewards of P groups of G samples, ``[P, G]``, and re
 advantage per response, ``[P, G]``; the caller broadcasts it over the response's tokens.
 A group whose rewards are all equal gets exactly 0 from every outcome estimator: it
 carries no learning signal, and float rounding in ``R - mean`` must not invent one.
+
+``ADVANTAGES`` (at the end) is the registry `algo.advantage` picks from: every entry is a
+function of one `AdvantageInputs`, returning (advantages, returns or None).
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -53,13 +58,6 @@ def rloo_advantages(rewards: Tensor) -> Tensor:
         raise ValueError(f"rloo needs at least 2 samples per prompt, got G={group}")
     others_mean = (rewards.sum(dim=-1, keepdim=True) - rewards) / (group - 1)
     return _zero_constant_groups(rewards - others_mean, rewards)
-
-
-OUTCOME_ADVANTAGES = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-}
 
 
 def ppo_token_rewards(kl_k1: Tensor, mask: Tensor, scores: Tensor, beta: float) -> Tensor:
@@ -198,3 +196,111 @@ def grpo_process_advantages(step_rewards: Tensor, step_end_mask: Tensor) -> Tens
     normed = torch.where(step_end_mask, normed, torch.zeros_like(normed))  # [B, T]
     # reverse cumulative sum along time: flip, cumsum, flip back
     return normed.flip(-1).cumsum(-1).flip(-1)
+
+
+# --- the registry: one function of `AdvantageInputs` per estimator ----------------------------
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an estimator may read about one step's batch.
+
+    B responses in consecutive groups of ``group_size`` (one prompt each), T response tokens.
+    The KL-in-reward penalty (PPO, ``algo.kl_in=reward``) arrives as ``kl_penalty``, computed
+    once by the caller; ``sequence_rewards`` and ``token_rewards`` apply it for outcome and
+    token-level estimators alike.
+    """
+
+    scores: Tensor  # [B] the reward of each response; NaN where it failed
+    kl_penalty: Tensor  # [B, T] beta * k1 on response tokens (zeros when the KL is not a reward)
+    mask: Tensor  # [B, T] 1 on response tokens that count
+    group_size: int
+    prompt_ids: list[str]  # [B] the prompt each response answers
+    sas: "SasTracker | None" = None  # DCPO's per-prompt state (dcpo_sas)
+    values: Tensor | None = None  # [B, T] the critic's values (gae)
+    step_rewards: Tensor | None = None  # [B, T] a step's reward where it ends, else NaN
+    gamma: float = 1.0  # gae
+    lam: float = 0.95  # gae
+    whiten: bool = True  # gae: mean 0, std 1 over the batch's response tokens
+
+    @property
+    def sequence_rewards(self) -> Tensor:
+        """``R_i - sum_t kl_penalty[i, t]``.  # [B]"""
+        return self.scores.to(self.kl_penalty.device) - self.kl_penalty.sum(-1)
+
+    @property
+    def token_rewards(self) -> Tensor:
+        """InstructGPT's per-token reward: ``-kl_penalty`` on every token, the score at the
+        last (`ppo_token_rewards` with the penalty already scaled).  # [B, T]"""
+        scores = self.scores.nan_to_num(0.0).to(self.kl_penalty.device)
+        return ppo_token_rewards(self.kl_penalty, self.mask, scores, 1.0)
+
+
+Estimator = Callable[[AdvantageInputs], tuple[Tensor, Tensor | None]]
+
+
+def missing_aware(
+    estimator: Callable[[Tensor, list[str]], Tensor], rewards: Tensor, ids: list[str]
+) -> Tensor:
+    """`estimator(rewards [P, G], ids [P])` over groups whose missing rewards are NaN.
+
+    A group with missing rewards is estimated from its scored responses alone, as if the
+    group were that much smaller; missing responses get advantage 0 (and no loss: the
+    trainer masks them out).
+    """
+    scored = ~rewards.isnan()
+    if scored.all():
+        return estimator(rewards, ids)
+    advantages = torch.zeros_like(rewards)
+    for g in range(rewards.shape[0]):
+        keep = scored[g]
+        if keep.any():
+            advantages[g, keep] = estimator(rewards[g, keep][None], [ids[g]])[0]
+    return advantages
+
+
+def outcome(estimator: Callable[[Tensor, list[str]], Tensor]) -> Estimator:
+    """An outcome estimator over ``[P, G]`` groups as a registry entry: one advantage per
+    response, ``[B]``, from ``sequence_rewards``."""
+
+    def entry(x: AdvantageInputs) -> tuple[Tensor, None]:
+        groups = x.sequence_rewards.view(-1, x.group_size)  # DAPO may train on fewer groups
+        ids = x.prompt_ids[:: x.group_size]
+        return missing_aware(estimator, groups, ids).flatten(), None
+
+    return entry
+
+
+def gae_advantages(x: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """PPO: GAE over ``token_rewards`` and the critic's values -> (advantages, returns).
+
+    Whitening (mean 0, std 1 over the batch's response tokens) follows the common PPO
+    implementations (OpenAI baselines, verl); the spec leaves it open.
+    """
+    advantages, returns = gae(x.token_rewards, x.values, x.mask, x.gamma, x.lam)
+    if x.whiten:
+        m = x.mask.bool()
+        mean, std = advantages[m].mean(), advantages[m].std()
+        advantages = torch.where(m, (advantages - mean) / (std + 1e-8), 0.0)
+    return advantages, returns
+
+
+def process_advantages(x: AdvantageInputs) -> tuple[Tensor, None]:
+    """GRPO with process supervision, group by group, from ``step_rewards``.  # [B, T]"""
+    ends = ~x.step_rewards.isnan()
+    rewards = x.step_rewards.nan_to_num(0.0)
+    size = x.group_size
+    per_group = zip(rewards.split(size), ends.split(size), strict=True)
+    return torch.cat([grpo_process_advantages(r, e) for r, e in per_group]), None
+
+
+ADVANTAGES: dict[str, Estimator] = {
+    "grpo": outcome(lambda rewards, ids: grpo_advantages(rewards)),
+    "dr_grpo": outcome(lambda rewards, ids: dr_grpo_advantages(rewards)),
+    "rloo": outcome(lambda rewards, ids: rloo_advantages(rewards)),
+    # DCPO: stateful per prompt id, smoothed over the visits of that prompt (inputs.sas).
+    "dcpo_sas": lambda x: outcome(lambda rewards, ids: x.sas(ids, rewards))(x),
+    # Token-level: PPO's (with a learned value model) and GRPO with process rewards.
+    "gae": gae_advantages,
+    "grpo_process": process_advantages,
+}

@@ -1,9 +1,9 @@
 """Pieces of the policy objective (ALGORITHMS.md, "Importance ratios" to "KL").
 
 The loss is assembled from independent choices, each a registry of small functions:
-ratio level (``RATIOS``), clip rule (``CLIP_BOUNDS``), KL estimator (``KL_ESTIMATORS``)
-and loss aggregation (``AGGREGATIONS``). Shapes: B responses, T tokens; ``mask`` is 1 on
-tokens that count in the loss.
+ratio level (``RATIOS``), clip rule (``CLIP_BOUNDS``), surrogate (``SURROGATES``), KL
+estimator (``KL_ESTIMATORS``) and loss aggregation (``AGGREGATIONS``). Shapes: B responses,
+T tokens; ``mask`` is 1 on tokens that count in the loss.
 """
 
 import torch
@@ -102,6 +102,12 @@ def clipped_surrogate(
         is_dual = (advantages < 0) & (dual_bound < loss)
         loss = torch.where(is_dual, dual_bound, loss)
     return loss, is_low, is_high, is_dual
+
+
+# The surrogate axis: (ratio, advantages, lo, hi, dual_clip) -> (loss [B, T], clipped-low,
+# clipped-high, dual flags [B, T]). A new policy loss (CISPO, SAPO, ...) is one function here
+# with this signature, one line below and one conf/algo YAML naming it in `algo.surrogate`.
+SURROGATES = {"ppo_clip": clipped_surrogate}
 
 
 # --- KL estimators (Schulman 2020, "Approximating KL divergence") -----------------------

@@ -7,13 +7,11 @@ on the Agg canvas, so nothing needs a display and no pyplot state is shared betw
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlcli.metrics import METRICS_FILE, read_metrics
+from rlcli.tracking.metrics import read_metrics
 
 CURVES_FILE = "curves.png"
 # Panels with more points than this are drawn as plain lines, fewer get a dot per step.
@@ -141,30 +139,3 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     runs = {label: read_metrics(d) for label, d in zip(run_labels(run_dirs), run_dirs, strict=True)}
     title = next(iter(runs)) if len(runs) == 1 else ""
     return draw_curves(runs, out, title)
-
-
-def _fail(message: str) -> None:
-    print(f"rlcli: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def plot_command(argv: list[str]) -> None:
-    """`rlcli plot RUN_DIR... [--out FILE]`."""
-    parser = argparse.ArgumentParser(
-        prog="rlcli plot",
-        description="Redraw the training curves of runs side by side (one line per run in "
-        "each panel: reward, response length, entropy, clip fraction, KL).",
-    )
-    parser.add_argument(
-        "run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run directory holding "
-        f"{METRICS_FILE} (runs/<time>, or a sweep's job directory multirun/<time>/<job>)",
-    )  # fmt: skip
-    parser.add_argument("--out", type=Path, default=Path(CURVES_FILE), help="the PNG to write")
-    args = parser.parse_args(argv)
-    for run_dir in args.run_dirs:
-        if not (run_dir / METRICS_FILE).is_file():
-            _fail(
-                f"{run_dir} holds no {METRICS_FILE}, so it is not a run directory (for a "
-                "sweep, pass its job directories: rlcli plot multirun/<time>/*)."
-            )
-    print(f"rlcli: curves in {plot_runs(args.run_dirs, args.out)}")

@@ -1,4 +1,4 @@
-"""PPO's critic: a value model, GAE advantages with KL in the reward, and its update.
+"""PPO's critic: a value model, its values, and its update (GAE itself is `ops.advantages`).
 
 The critic is the policy's architecture with a one-output token-classification head
 (`AutoModelForTokenClassification`, num_labels=1), initialised from the policy's weights or
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlcli.learner import micro_batches, per_token_over_batch
-from rlcli.ops.advantages import gae, ppo_token_rewards
 from rlcli.ops.policy_loss import explained_variance, value_loss
-from rlcli.rollout import Rollout
+from rlcli.rollout.batch import Rollout
+from rlcli.train.batch import TrainBatch
+from rlcli.train.learner import UpdatePlan, micro_batches, per_token_over_batch
 
 
 def load_critic(path: str, dtype: str, device: torch.device, new_head: bool):
@@ -59,41 +59,17 @@ def batch_values(critic, batch: Rollout, size: int) -> Tensor:
     )
 
 
-def gae_advantages(
-    scores: Tensor,  # [B] sequence rewards
-    old_logp: Tensor,  # [B, T]
-    ref_logp: Tensor | None,  # [B, T]; None: no KL penalty
-    values: Tensor,  # [B, T]
-    mask: Tensor,  # [B, T]
-    beta: float,
-    gamma: float,
-    lam: float,
-    whiten: bool,
-) -> tuple[Tensor, Tensor]:
-    """InstructGPT token rewards (-beta*k1, score at the end), then GAE -> (advantages, returns).
-
-    Whitening (mean 0, std 1 over the batch's response tokens) follows the common PPO
-    implementations (OpenAI baselines, verl); the spec leaves it open.
-    """
-    k1 = old_logp - ref_logp if ref_logp is not None else torch.zeros_like(old_logp)
-    rewards = ppo_token_rewards(k1, mask, scores, beta if ref_logp is not None else 0.0)
-    advantages, returns = gae(rewards, values, mask, gamma, lam)
-    if whiten:
-        m = mask.bool()
-        mean, std = advantages[m].mean(), advantages[m].std()
-        advantages = torch.where(m, (advantages - mean) / (std + 1e-8), 0.0)
-    return advantages, returns
-
-
 def learn_critic(
-    critic, optimizer, batch: Rollout, old_values, returns, value_clip, vf_coef, size, max_norm
+    critic, optimizer, batch: TrainBatch, value_clip: float, vf_coef: float, plan: UpdatePlan
 ) -> dict[str, float]:
-    """One optimiser step of the clipped value loss (token mean over the batch)."""
+    """One optimiser step of the clipped value loss (token mean over the batch) towards
+    `batch.returns`, clipped around `batch.old_values`."""
+    rollout, old_values, returns = batch.rollout, batch.old_values, batch.returns
     optimizer.zero_grad(set_to_none=True)
-    total = float(batch.response_mask.sum())
-    rows = torch.arange(len(batch.texts), device=batch.input_ids.device)
+    total = float(rollout.response_mask.sum())
+    rows = torch.arange(len(rollout.texts), device=rollout.input_ids.device)
     loss_sum, clipped = 0.0, 0.0
-    for idx, ids, att, width, mask in micro_batches(batch, rows, size):
+    for idx, ids, att, width, mask in micro_batches(rollout, rows, plan.micro_batch_size):
         t = mask.shape[1]
         values = token_values(critic, ids, att, width)
         per_token, is_clipped = value_loss(
@@ -103,9 +79,10 @@ def learn_critic(
         loss.backward()
         loss_sum += loss.item()
         clipped += float((is_clipped * mask).sum())
-    torch.nn.utils.clip_grad_norm_(critic.parameters(), max_norm if max_norm > 0 else float("inf"))
+    limit = plan.max_grad_norm if plan.max_grad_norm > 0 else float("inf")
+    torch.nn.utils.clip_grad_norm_(critic.parameters(), limit)
     optimizer.step()
-    ev = explained_variance(old_values, returns, batch.response_mask)
+    ev = explained_variance(old_values, returns, rollout.response_mask)
     return {
         "value/loss": loss_sum,
         "value/clip_frac": clipped / max(total, 1.0),

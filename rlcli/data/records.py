@@ -1,122 +1,19 @@
-"""Prompt datasets: each adapter returns a train and a held-out test list of `Problem`s.
-
-Two kinds of adapter, picked by `data.name` from `DATASETS`:
-
-- generated from a seed: `arith` (here) and `countdown` (rlcli/countdown.py);
-- records, read from a local .jsonl/.json/.parquet file (`data.path`) or a Hugging Face hub
-  dataset (`data.hub_id`): `jsonl`, `parquet`, `gsm8k`, `math` and `dapo_math_17k` are one
-  adapter, `record_splits`, which each conf/data/*.yaml configures: where the prompt and the
-  answer are (dotted paths into nested records), how the answer is written
-  (`ANSWER_FORMATS`), a prompt template, de-duplication and a size limit.
-
-Every problem keeps its source record, so `write_records` can write a filtered copy that the
-same adapter reads back with `data.path=`. Prompts are rendered with the model's chat template
-by `render_prompt`; `PromptStream` feeds the training split to the trainer.
+"""Record datasets: a local .jsonl/.json/.parquet file or a Hugging Face hub dataset turned
+into `Problem`s (`record_splits`), with the answer formats (`ANSWER_FORMATS`) and dotted field
+paths each conf/data/*.yaml configures; and PPO-ptx's pretraining text (`read_texts`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlcli.config import ConfigError, DataConfig
-from rlcli.countdown import countdown_records
-from rlcli.preference import pair_from_record
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One prompt: `id` is stable across runs (DCPO keys its state on it)."""
-
-    id: str
-    question: str  # the prompt text (template and instruction applied), before chat rendering
-    answer: str  # the ground truth the reward checks against
-    # The source record's fields: `reward=python` functions receive them, `rlcli filter` writes
-    # them back. Generated problems hold {"question", "answer"} plus their own fields.
-    record: dict = field(default_factory=dict, hash=False)
-
-
-Splits = tuple[list[Problem], list[Problem]]
-
-
-# --- generated problems: arith here, countdown in countdown.py ------------------------------------
-
-
-def generated_splits(name: str, train: list[dict], test: list[dict]) -> Splits:
-    """Problems from generated records, which hold the full prompt text as "question"."""
-
-    def problems(split: str, records: list[dict]) -> list[Problem]:
-        return [
-            Problem(f"{name}-{split}-{i}", r["question"], r["answer"], r)
-            for i, r in enumerate(records)
-        ]
-
-    return problems("train", train), problems("test", test)
-
-
-def arith_problem(rng: random.Random, difficulty: int, operators: str, num_operands: int):
-    """One problem with operands of `difficulty` digits; returns (text, exact integer answer)."""
-    low = 0 if difficulty == 1 else 10 ** (difficulty - 1)
-    high = 10**difficulty - 1
-    numbers = [rng.randint(low, high) for _ in range(num_operands)]
-    ops = [rng.choice(operators) for _ in range(num_operands - 1)]
-    text = str(numbers[0])
-    for op, n in zip(ops, numbers[1:], strict=True):
-        text += f" {op.replace('*', '×')} {n}"
-    # Evaluate left to right with precedence, without eval(): × binds before + and -.
-    terms, signs, current = [], [1], numbers[0]
-    for op, n in zip(ops, numbers[1:], strict=True):
-        if op == "*":
-            current *= n
-        else:
-            terms.append(current)
-            signs.append(1 if op == "+" else -1)
-            current = n
-    terms.append(current)
-    return text, sum(s * t for s, t in zip(signs, terms, strict=True))
-
-
-def arith_splits(cfg: DataConfig) -> Splits:
-    """Seeded train/test problems; the test split holds no question of the train split."""
-    bad = set(cfg.operators) - set("+-*")
-    if bad or not cfg.operators:
-        raise ConfigError(
-            f"data.operators={cfg.operators!r} is not allowed: use a string of + - * (e.g. '+-*')."
-        )
-    if cfg.difficulty < 1 or cfg.num_operands < 2:
-        raise ConfigError("data.difficulty must be >= 1 and data.num_operands >= 2.")
-    rng = random.Random(cfg.seed)
-    seen: dict[str, str] = {}
-    # Draw until both splits are full or the space of distinct problems is clearly exhausted.
-    wanted = cfg.num_train + cfg.num_test
-    for _ in range(wanted * 20):
-        if len(seen) == wanted:
-            break
-        text, value = arith_problem(rng, cfg.difficulty, cfg.operators, cfg.num_operands)
-        seen.setdefault(text, str(value))
-    items = list(seen.items())
-    test, train = items[: cfg.num_test], items[cfg.num_test :]
-    if len(train) < 1:
-        raise ConfigError(
-            f"data.difficulty={cfg.difficulty} allows too few distinct problems for "
-            f"num_train={cfg.num_train} and num_test={cfg.num_test}."
-        )
-
-    def record(question: str, answer: str) -> dict:
-        return {"question": f"What is {question}? {cfg.instruction}".strip(), "answer": answer}
-
-    return generated_splits("arith", [record(*r) for r in train], [record(*r) for r in test])
-
-
-def countdown_splits(cfg: DataConfig) -> Splits:
-    return generated_splits("countdown", *countdown_records(cfg))
-
+from rlcli.data.problems import Problem
 
 # --- answer formats: the ground truth as the answer field writes it -------------------------------
 # Each returns the answer, or None when the text holds none.
@@ -412,91 +309,13 @@ def record_splits(
     return train, test
 
 
-# --- the registry, and writing records back -------------------------------------------------------
-
-
-DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
-    "arith": arith_splits,
-    "countdown": countdown_splits,
-    "jsonl": record_splits,
-    "parquet": record_splits,
-    "gsm8k": record_splits,
-    "math": record_splits,
-    "dapo_math_17k": record_splits,
-    # Preference pairs for algo=dpo (rlcli.preference.Pair, not Problem).
-    "pairs": lambda cfg: record_splits(
-        cfg, pair_from_record, key=lambda p: (str(p.prompt), p.chosen, p.rejected)
-    ),
-}
-
-
-def load_splits(cfg: DataConfig) -> Splits:
-    """The train and test problems of the dataset `cfg.name` names."""
-    if cfg.name not in DATASETS:
-        raise ConfigError(
-            f"data.name={cfg.name!r} is not one of the valid choices: "
-            f"{', '.join(sorted(DATASETS))}."
-        )
-    return DATASETS[cfg.name](cfg)
-
-
-def write_jsonl(rows: list[dict], path: str | os.PathLike) -> None:
-    """Rows as JSON lines, atomically: to a temporary file in the same directory, then
-    renamed over `path`, so a crash never leaves half a file."""
-    target = Path(path).expanduser()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dataset is meant to be shared
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_records(problems: list[Problem], path: str | os.PathLike) -> None:
-    """Write the problems' source records as JSON lines (atomically); the result loads again
-    with the same adapter and `data.path=<path>`."""
-    if Path(path).suffix.lower() != ".jsonl":
-        raise ConfigError(
-            f"{path}: records are written as JSON lines; use a name ending in .jsonl."
-        )
-    write_jsonl([p.record for p in problems], path)
-
-
-# --- prompts for the model ------------------------------------------------------------------------
-
-
-def render_prompt(tokenizer, question: str, system_prompt: str | None) -> str:
-    """The question as the model's chat template renders a user turn, ready for the reply."""
-    messages = [{"role": "user", "content": question}]
-    if system_prompt is not None:
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    if tokenizer.chat_template is None:
-        return question
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-class PromptStream:
-    """Shuffled passes over the training split, seeded; `position` makes resume exact."""
-
-    def __init__(self, problems: list[Problem], seed: int, position: int = 0):
-        self.problems, self.seed, self.position = problems, seed, position
-
-    def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.problems)))
-        random.Random(self.seed * 100_003 + epoch).shuffle(order)
-        return order
-
-    def take(self, n: int) -> list[Problem]:
-        out, order, order_epoch = [], [], -1
-        for _ in range(n):
-            epoch, index = divmod(self.position, len(self.problems))
-            if epoch != order_epoch:
-                order, order_epoch = self._order(epoch), epoch
-            out.append(self.problems[order[index]])
-            self.position += 1
-        return out
+def read_texts(path: str) -> list[str]:
+    """Pretraining text for PPO-ptx: a .jsonl file's `text` fields, or one text per line."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"algo.ptx_path={path}: no such file.")
+    lines = [line for line in file.read_text().splitlines() if line.strip()]
+    texts = [json.loads(line)["text"] for line in lines] if file.suffix == ".jsonl" else lines
+    if not texts:
+        raise ConfigError(f"algo.ptx_path={path} holds no text.")
+    return texts

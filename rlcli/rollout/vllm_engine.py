@@ -17,15 +17,9 @@ import os
 
 import torch
 
-from rlcli import distributed
 from rlcli.config import ConfigError, SamplerConfig
-from rlcli.rollout import Rollout, rollout_from_tokens
-
-# The engine core runs in this process, so weights are handed over by reference.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# vLLM logs every start-up stage and, on CPU, a warning per generate call; rlcli's progress
-# bar says what a user needs. VLLM_LOGGING_LEVEL=INFO brings the logs back.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+from rlcli.rollout.batch import Rollout, rollout_from_tokens
+from rlcli.runtime import distributed
 
 _engine: tuple[tuple, object] | None = None  # (settings key, vllm.LLM) of the live engine
 
@@ -44,6 +38,12 @@ def engine(model_path: str, dtype: str, cfg: SamplerConfig, device: torch.device
     if _engine is not None and _engine[0] == key:
         return _engine[1]
     release_engine()
+    # Set only when an engine starts, so importing rlcli (or sampler=hf) leaves vLLM alone.
+    # The engine core runs in this process, so weights are handed over by reference.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM logs every start-up stage and, on CPU, a warning per generate call; rlcli's
+    # progress bar says what a user needs. VLLM_LOGGING_LEVEL=INFO brings the logs back.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from vllm import LLM
 
     if on_cuda:
@@ -117,6 +117,13 @@ class VLLMSampler:
         self.device, self.seed = device, seed
         self.calls = 0  # sampling calls so far; with the seed it fixes each call's randomness
         self.asleep = False
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps so that a resumed run samples as an uninterrupted one."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
 
     def _wake(self) -> None:
         if self.asleep:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rlcli.config import ConfigError, ModelConfig
+from rlcli.config import ConfigError, ModelConfig, TrainerConfig
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -180,3 +180,15 @@ def load_tokenizer(path: str):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def compute_dtype(t: TrainerConfig, device: torch.device) -> str:
+    """The dtype the learner multiplies in, the reference model is held in and the vLLM engine
+    runs in: bfloat16 when trainer.bf16_autocast and the device has fast bfloat16, else
+    trainer.dtype (the learner's weights and optimiser state are always in trainer.dtype)."""
+    return "bfloat16" if t.bf16_autocast and has_fast_bf16(device) else t.dtype
+
+
+def autocast(device: torch.device, dtype: str):
+    """bfloat16 autocast for the learner when it computes in bfloat16; else a no-op."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")

@@ -71,13 +71,11 @@ def end_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def shard(lm: nn.Module) -> nn.Module:
-    """Shard `lm` across the ranks (each decoder layer, then the rest) and return the module
-    the learner calls (`learner.TokenLogprobModel`); `lm`'s parameters become shards
-    (DTensors) of the same names, in place."""
+def shard(wrapped: nn.Module, lm: nn.Module) -> nn.Module:
+    """Shard `lm` across the ranks (each decoder layer), then `wrapped`, the module around it
+    that the learner calls (`train.learner.TokenLogprobModel`), as the root; `lm`'s parameters
+    become shards (DTensors) of the same names, in place. Returns `wrapped`."""
     from torch.distributed.fsdp import fully_shard
-
-    from rlcli.learner import TokenLogprobModel
 
     layer_types = tuple(
         type(m) for m in lm.modules() if type(m).__name__ in (lm._no_split_modules or [])
@@ -85,7 +83,6 @@ def shard(lm: nn.Module) -> nn.Module:
     for module in lm.modules():
         if isinstance(module, layer_types):
             fully_shard(module)
-    wrapped = TokenLogprobModel(lm)
     fully_shard(wrapped)
     # Each rank's loss is already its share of the global loss (divided by the global token
     # count), so gradients are summed over the ranks, not averaged as FSDP would by default.

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlcli.config import Config, ConfigError, LoggerConfig
-from rlcli.metrics import MetricsLog
-from rlcli.plots import CURVES_FILE, plot_runs
+from rlcli.tracking.metrics import MetricsLog
+from rlcli.tracking.plots import CURVES_FILE, plot_runs
 
 SAMPLE_COLUMNS = ["step", "prompt", "response", "answer", "reward"]
 

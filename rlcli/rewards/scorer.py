@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rlcli.config import ConfigError, RewardConfig
-from rlcli.countdown import countdown_score
+from rlcli.config import Config, ConfigError, RewardConfig
+from rlcli.data.countdown import countdown_score
+from rlcli.data.problems import Problem
 from rlcli.ops.policy_loss import overlong_penalty
-from rlcli.rewards import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
+from rlcli.rewards.rules import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
 
 log = logging.getLogger("rlcli")
 
@@ -173,7 +174,7 @@ class Scorer:
     """Builds the configured components once (loading any reward model), then scores batches."""
 
     def __init__(self, cfg: RewardConfig, max_new_tokens: int, device: torch.device, dtype: str):
-        from rlcli.reward_models import OutcomeRewardModel, ProcessRewardModel
+        from rlcli.rewards.models import OutcomeRewardModel, ProcessRewardModel
 
         self.cfg, self.max_new_tokens = cfg, max_new_tokens
         names = set(cfg.components)
@@ -267,3 +268,14 @@ class Scorer:
                 errors.append(_failure("python", err))
                 scores.append(math.nan)
         return torch.tensor(scores)
+
+
+def check_reward_fields(cfg: Config, problems: list[Problem]) -> None:
+    """The countdown reward reads `numbers` and `target` from each record: check they exist."""
+    if "countdown" in cfg.reward.components:
+        missing = [k for k in ("numbers", "target") if k not in problems[0].record]
+        if missing:
+            raise ConfigError(
+                f"reward component 'countdown' needs records with fields numbers and target; "
+                f"data={cfg.data.name} has no {missing[0]!r}. Use data=countdown."
+            )

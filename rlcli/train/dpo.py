@@ -1,10 +1,10 @@
 """DPO training (Rafailov et al. 2023): `rlcli train algo=dpo data=pairs data.path=...`.
 
-Reads top to bottom like the RL trainer: `setup` loads the pairs and the policy, computes
-every pair's reference log-probs once with the frozen reference model and then frees it (so
-the reference never sits in memory during training); each `train_step` takes
-`trainer.prompts_per_step` pairs, sums the policy's log-probs of the chosen and the rejected
-reply, and minimises the DPO loss of `rlcli.ops.policy_loss.dpo_loss`. The learner divides
+The loop is `train.loop`'s, as for RL; this module is what it drives. `setup` loads the
+pairs and the policy, computes every pair's reference log-probs once with the frozen
+reference model and then frees it (so the reference never sits in memory during training);
+each `train_step` takes `trainer.prompts_per_step` pairs, sums the policy's log-probs of the
+chosen and the rejected reply, and minimises the DPO loss of `rlcli.ops.policy_loss.dpo_loss`. The learner divides
 no logits by a temperature here: the pairs were not sampled by this policy.
 """
 
@@ -19,24 +19,21 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rlcli.checkpoint import (
+from rlcli.config import Config
+from rlcli.data import load_splits
+from rlcli.data.pairs import Pair
+from rlcli.data.problems import PromptStream
+from rlcli.ops.policy_loss import dpo_loss
+from rlcli.rollout.batch import Rollout, rollout_from_tokens
+from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
+from rlcli.runtime.seed import seed_everything
+from rlcli.train.checkpoint import (
     load_checkpoint,
-    remove_incomplete,
     restore_rng,
-    resume_point,
     rng_state,
     save_checkpoint,
 )
-from rlcli.config import Config
-from rlcli.data import PromptStream, load_splits
-from rlcli.guard import LoopGuard
-from rlcli.learner import micro_batches, token_logprobs
-from rlcli.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
-from rlcli.ops.policy_loss import dpo_loss
-from rlcli.preference import Pair
-from rlcli.rollout import Rollout, rollout_from_tokens
-from rlcli.tracking import Tracker
-from rlcli.trainer import seed_everything
+from rlcli.train.learner import micro_batches, token_logprobs
 
 
 def encode_pairs(tokenizer, pairs: list[Pair], max_length: int, device) -> Rollout:
@@ -196,40 +193,24 @@ def train_step(run: DpoRun) -> dict[str, float]:
     }
 
 
-def train(cfg: Config, run_dir: Path) -> Path:
-    """DPO steps up to `cfg.trainer.max_steps`; held-out pair metrics before and after."""
-    t = cfg.trainer
-    checkpoint = resume_point(t.resume, run_dir)
-    remove_incomplete(run_dir)
-    run = setup(cfg, checkpoint)
-    print(f"rlcli: DPO on {len(run.pairs.problems)} pairs with {run.model_path} on {run.device}")
-    if checkpoint is not None:
-        print(f"rlcli: resuming from {checkpoint} (step {run.step})")
-    tracker = Tracker(cfg, run_dir, headline="reward/accuracy", first_step=run.step + 1)
-    if run.test_pairs and run.step == 0:
-        before = pair_metrics(run, run.test_pairs)
-        tracker.write(f"rlcli: held-out pairs before training: {before}")
-    with LoopGuard(t.max_bad_steps, tracker.write) as guard:
-        while run.step < t.max_steps:
-            run.step += 1
-            metrics = {"step": run.step, **train_step(run)}
-            if run.step == t.max_steps and run.test_pairs:
-                held_out = pair_metrics(run, run.test_pairs)
-                metrics.update({f"eval/{k}": v for k, v in held_out.items()})
-            tracker.log(metrics)
-            guard.observe(run.step, metrics)
-            due = t.save_every and run.step % t.save_every == 0
-            if due or run.step == t.max_steps or guard.stopping:
-                state = {"data_position": run.pairs.position, "rng": rng_state()}
-                saved = save_checkpoint(
-                    run_dir, run.step, run.policy, run.tokenizer,
-                    {"optimizer": run.optimizer.state_dict()}, state, t.keep_last,
-                )  # fmt: skip
-            if guard.stopping:
-                tracker.finish()
-                raise guard.stop(run.step, saved, run_dir)
-    curves = tracker.finish()
-    print(f"rlcli: metrics in {tracker.path}")
-    print(f"rlcli: curves in {curves}")
-    print(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
-    return tracker.path
+def before_training(run: DpoRun) -> str | None:
+    """The held-out pairs' metrics of the initial policy, printed before the first step."""
+    if not run.test_pairs:
+        return None
+    return f"rlcli: held-out pairs before training: {pair_metrics(run, run.test_pairs)}"
+
+
+def held_out(run: DpoRun) -> dict[str, float]:
+    """The held-out pairs' metrics after the last step."""
+    if run.step != run.cfg.trainer.max_steps or not run.test_pairs:
+        return {}
+    return pair_metrics(run, run.test_pairs)
+
+
+def save(run: DpoRun, run_dir: Path) -> Path:
+    """Write a checkpoint: the policy, the optimiser, the data position and the RNG states."""
+    state = {"data_position": run.pairs.position, "rng": rng_state()}
+    return save_checkpoint(
+        run_dir, run.step, run.policy, run.tokenizer, {"optimizer": run.optimizer.state_dict()},
+        state, run.cfg.trainer.keep_last,
+    )  # fmt: skip

@@ -1,8 +1,9 @@
-"""The learner: log-probs of sampled tokens, and one optimiser step of the clipped objective.
+"""The learner: log-probs of sampled tokens, and the optimiser steps of the clipped objective.
 
-`policy_objective` assembles the loss from the pieces chosen in the config (ratio level,
-clip rule, KL estimator, aggregation) and is pure: tensors in, loss and diagnostics out.
-`learn` is the orchestration around it: mini-batches, micro-batches, backward, clipping.
+`ops.objective.policy_objective` assembles the loss from the pieces chosen in the config
+(`objective_from_config`) and is pure: tensors in, loss and diagnostics out. `learn` is the
+orchestration around it: a `TrainBatch` cut into mini-batches and micro-batches as an
+`UpdatePlan` says, backward, clipping, optimiser steps.
 """
 
 from __future__ import annotations
@@ -15,98 +16,40 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from rlcli import distributed
 from rlcli.config import AlgoConfig, SamplerConfig
 from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
-from rlcli.ops.policy_loss import (
-    AGGREGATIONS,
-    CLIP_BOUNDS,
-    KL_ESTIMATORS,
-    RATIOS,
-    clipped_surrogate,
-    kl_k3,
-    truncated_is_weights,
-)
-from rlcli.rollout import Rollout
+from rlcli.ops.objective import Objective, policy_objective
+from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS, SURROGATES
+from rlcli.rollout.batch import Rollout
+from rlcli.runtime import distributed
+from rlcli.train.batch import TrainBatch
 
 
 @dataclass(frozen=True)
-class Objective:
-    """The chosen pieces of the policy loss and their coefficients."""
+class UpdatePlan:
+    """How `learn` cuts a batch into optimiser steps and forward/backward passes."""
 
-    ratio: Callable
-    bounds: Callable
-    kl: Callable | None  # None: no KL term (beta = 0)
-    aggregate: Callable
-    beta: float
-    dual_clip: float | None
-    entropy_coef: float
-    temperature: float = 1.0  # the policy is softmax(logits / temperature), as sampled
-    tis_cap: float | None = None  # weight tokens by min(exp(old - sampler), cap); None: off
-
-    @classmethod
-    def from_config(cls, algo: AlgoConfig, sampler: SamplerConfig, norm_len: int) -> Objective:
-        return cls(
-            ratio=RATIOS[algo.ratio],
-            bounds=partial(CLIP_BOUNDS[algo.clip], eps_low=algo.eps_low, eps_high=algo.eps_high),
-            # KL in the reward (PPO) is applied to the rewards, not here.
-            kl=KL_ESTIMATORS[algo.kl] if algo.beta > 0 and algo.kl_in == "loss" else None,
-            aggregate=partial(AGGREGATIONS[algo.aggregation], norm_len=norm_len),
-            beta=algo.beta,
-            dual_clip=algo.dual_clip,
-            entropy_coef=algo.entropy_coef,
-            temperature=sampler.temperature,
-            tis_cap=sampler.tis_cap if sampler.old_logp == "sampler" else None,
-        )
+    mini_batches: int  # optimiser steps per pass over the batch
+    micro_batch_size: int  # most rows per forward/backward pass
+    max_tokens: int = 0  # most padded tokens per pass (0 = only micro_batch_size limits it)
+    max_grad_norm: float = 1.0  # clip the global gradient norm (0 = no clipping)
 
 
-def policy_objective(
-    obj: Objective,
-    logp: Tensor,  # [B, T] under the policy being optimised (has grad)
-    old_logp: Tensor,  # [B, T] under the sampling policy
-    ref_logp: Tensor | None,  # [B, T] under the reference, when obj.kl is set
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T] 1 on tokens that count
-    entropy: Tensor,  # [B, T]
-    total_tokens: float,  # tokens of the whole optimiser step (all micro-batches)
-    total_seqs: float,  # responses of the whole optimiser step
-    sampler_logp: Tensor | None = None,  # [B, T] from the sampler, when it is not the learner
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """This micro-batch's share of the step's loss, and token sums of its diagnostics.
-
-    loss = aggregate(-w*min(r*A, clip(r)*A) + beta*KL - entropy_coef*H); the aggregation
-    divides by the whole step's counts so summing over micro-batches gives the big-batch loss.
-    w = min(exp(old_logp - sampler_logp), tis_cap) when obj.tis_cap is set (truncated
-    importance sampling: the sampler, not the learner's old policy, drew the tokens), else 1.
-    """
-    adv = advantages if advantages.dim() == 2 else advantages[:, None]
-    ratio = obj.ratio(logp, old_logp, mask)
-    lo, hi = obj.bounds(old_logp)
-    per_token, low, high, dual = clipped_surrogate(ratio, adv, lo, hi, obj.dual_clip)
-    m = mask.to(logp.dtype)
-    if sampler_logp is not None and obj.tis_cap is not None:
-        per_token = per_token * truncated_is_weights(old_logp, sampler_logp, obj.tis_cap)
-    log_ratio = (logp - old_logp).detach()
-    sums = {
-        "clip/low": (low * m).sum(),
-        "clip/high": (high * m).sum(),
-        "clip/dual": (dual * m).sum(),
-        "entropy": (entropy.detach() * m).sum(),
-        # KL(old || new) by the k3 estimator on tokens sampled from old: how far updates moved.
-        "policy/approx_kl": ((log_ratio.exp() - 1 - log_ratio) * m).sum(),
-    }
-    if sampler_logp is not None:
-        # Sampler/learner mismatch on the sampled tokens; KL(sampler || learner) by k3.
-        sums["rollout/logp_abs_diff"] = ((old_logp - sampler_logp).abs() * m).sum()
-        sums["rollout/kl"] = (kl_k3(sampler_logp, old_logp) * m).sum()
-    if obj.kl is not None:
-        kl = obj.kl(logp, ref_logp)
-        per_token = per_token + obj.beta * kl
-        sums["kl"] = (kl.detach() * m).sum()
-    if obj.entropy_coef:
-        per_token = per_token - obj.entropy_coef * entropy
-    loss = obj.aggregate(per_token, mask, total_tokens=total_tokens, total_seqs=total_seqs)
-    return loss, sums
+def objective_from_config(algo: AlgoConfig, sampler: SamplerConfig, norm_len: int) -> Objective:
+    """The policy loss `algo.*` chooses, over the distribution `sampler.*` samples from."""
+    return Objective(
+        ratio=RATIOS[algo.ratio],
+        bounds=partial(CLIP_BOUNDS[algo.clip], eps_low=algo.eps_low, eps_high=algo.eps_high),
+        surrogate=SURROGATES[algo.surrogate],
+        # KL in the reward (PPO) is applied to the rewards, not here.
+        kl=KL_ESTIMATORS[algo.kl] if algo.beta > 0 and algo.kl_in == "loss" else None,
+        aggregate=partial(AGGREGATIONS[algo.aggregation], norm_len=norm_len),
+        beta=algo.beta,
+        dual_clip=algo.dual_clip,
+        entropy_coef=algo.entropy_coef,
+        temperature=sampler.temperature,
+        tis_cap=sampler.tis_cap if sampler.old_logp == "sampler" else None,
+    )
 
 
 class TokenLogprobModel(nn.Module):
@@ -272,42 +215,41 @@ def learn(
     model,
     optimizer,
     obj: Objective,
-    batch: Rollout,
-    advantages: Tensor,  # [B]
-    ref_logp: Tensor | None,  # [B, T]
-    old_logp: Tensor | None,  # [B, T]; None: a single update, the ratio's base is logp itself
-    mini_batches: int,
-    micro_batch_size: int,
-    max_grad_norm: float,
+    batch: TrainBatch,
+    plan: UpdatePlan,
     scheduler=None,
     aux_loss: Callable[[], Tensor] | None = None,
-    max_tokens: int = 0,
 ) -> dict[str, float]:
     """Optimiser steps over `batch` (one per mini-batch); diagnostics averaged over tokens.
 
+    `batch.old_logp` None means a single update: the ratio's base is the log-probs themselves.
     `aux_loss`, when given, is added once per optimiser step (PPO-ptx's language-model loss).
-    Micro-batches hold at most `micro_batch_size` rows and `max_tokens` padded tokens. Under
-    torchrun `batch` is this rank's share: the loss is divided by the token and response
-    counts of all ranks, so the gradients summed over ranks are those of the whole batch.
+    Micro-batches hold at most `plan.micro_batch_size` rows and `plan.max_tokens` padded
+    tokens. Under torchrun `batch` is this rank's share: the loss is divided by the token and
+    response counts of all ranks, so the gradients summed over ranks are those of the whole
+    batch.
     """
-    n = len(batch.texts)
-    device = batch.input_ids.device
+    rollout, advantages = batch.rollout, batch.advantages
+    n = len(rollout.texts)
+    device = rollout.input_ids.device
     totals: dict[str, float] = {}
     losses, grad_norms, skipped = [], [], 0
-    for mini in torch.arange(n, device=device).tensor_split(mini_batches):
+    for mini in torch.arange(n, device=device).tensor_split(plan.mini_batches):
         if len(mini) == 0 and distributed.world_size() == 1:
             continue  # fewer responses than mini-batches; other ranks may still have some
-        mask_all = batch.response_mask[mini]
+        mask_all = rollout.response_mask[mini]
         total_tokens = distributed.all_sum(float(mask_all.sum()))
         total_seqs = distributed.all_sum(float((mask_all.sum(-1) > 0).sum()))
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
-        for idx, ids, att, width, mask in micro_batches(batch, mini, micro_batch_size, max_tokens):
+        parts = micro_batches(rollout, mini, plan.micro_batch_size, plan.max_tokens)
+        for idx, ids, att, width, mask in parts:
             t = mask.shape[1]
             logp, entropy = token_logprobs(model, ids, att, width, True, obj.temperature)
-            old = logp.detach() if old_logp is None else old_logp[idx, :t]
-            ref = None if ref_logp is None else ref_logp[idx, :t]
-            sampled = None if batch.sampler_logp is None else batch.sampler_logp[idx, :t]
+            old = logp.detach() if batch.old_logp is None else batch.old_logp[idx, :t]
+            ref = None if batch.ref_logp is None else batch.ref_logp[idx, :t]
+            sampler_logp = rollout.sampler_logp
+            sampled = None if sampler_logp is None else sampler_logp[idx, :t]
             # Per-token advantages (GAE, process rewards) are cut to the micro-batch's width.
             adv = advantages[idx] if advantages.dim() == 1 else advantages[idx, :t]
             loss, sums = policy_objective(
@@ -324,7 +266,7 @@ def learn(
             extra.backward()
             totals["aux_loss_sum"] = totals.get("aux_loss_sum", 0.0) + extra.item()
         step_loss = distributed.all_sum(step_loss)  # each rank's is its share of the loss
-        limit = max_grad_norm if max_grad_norm > 0 else float("inf")
+        limit = plan.max_grad_norm if plan.max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit))
         grad_norms.append(grad_norm)
         losses.append(step_loss)
@@ -336,11 +278,11 @@ def learn(
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
-    tokens = float(batch.response_mask.sum())
+    tokens = float(rollout.response_mask.sum())
     aux = totals.pop("aux_loss_sum", None)
     metrics = {key: value / max(tokens, 1.0) for key, value in totals.items()}
     if aux is not None:
-        metrics["ptx/loss"] = aux / mini_batches
+        metrics["ptx/loss"] = aux / plan.mini_batches
     metrics["clip/frac"] = metrics["clip/low"] + metrics["clip/high"] + metrics["clip/dual"]
     metrics["loss"] = sum(losses) / len(losses)
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -350,10 +292,10 @@ def learn(
 
 def lm_loss(model, tokenizer, texts: list[str], max_length: int = 256) -> Tensor:
     """Mean next-token cross-entropy on plain text (PPO-ptx's pretraining term)."""
-    tokenizer.padding_side = "right"
     enc = tokenizer(
-        texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length
-    )
+        texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
+        padding_side="right",
+    )  # fmt: skip
     enc = enc.to(model.device)
     labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
     return model(**enc, labels=labels, use_cache=False).loss

@@ -1,0 +1,42 @@
+"""The config: its schema at the bottom of the house, its validation above the registries.
+
+`schema` holds the typed dataclasses every room reads (`Config`, `AlgoConfig`, ...) and
+`ConfigError`; it imports nothing of rlcli, so any module may import it (this package
+re-exports it). `validate` checks a composed Hydra config against the schema and the
+registries (`validate`, `compose`, `check_overrides`); only the entry points import it.
+Defaults live in `conf/` alone, each field documented by the comment above it there.
+"""
+
+from rlcli.config.schema import (
+    CONF_DIR,
+    VLLM_HEAD_SIZES,
+    AlgoConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    EvalConfig,
+    FilterConfig,
+    LoggerConfig,
+    ModelConfig,
+    PairsConfig,
+    RewardConfig,
+    SamplerConfig,
+    TrainerConfig,
+)
+
+__all__ = [
+    "CONF_DIR",
+    "VLLM_HEAD_SIZES",
+    "AlgoConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "EvalConfig",
+    "FilterConfig",
+    "LoggerConfig",
+    "ModelConfig",
+    "PairsConfig",
+    "RewardConfig",
+    "SamplerConfig",
+    "TrainerConfig",
+]

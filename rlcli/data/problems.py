@@ -1,0 +1,122 @@
+"""The `Problem` record, rendering its prompt, the seeded training stream, and writing
+records back as JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlcli.config import Config, ConfigError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt: `id` is stable across runs (DCPO keys its state on it)."""
+
+    id: str
+    question: str  # the prompt text (template and instruction applied), before chat rendering
+    answer: str  # the ground truth the reward checks against
+    # The source record's fields: `reward=python` functions receive them, `rlcli filter` writes
+    # them back. Generated problems hold {"question", "answer"} plus their own fields.
+    record: dict = field(default_factory=dict, hash=False)
+
+
+Splits = tuple[list[Problem], list[Problem]]
+
+
+def write_jsonl(rows: list[dict], path: str | os.PathLike) -> None:
+    """Rows as JSON lines, atomically: to a temporary file in the same directory, then
+    renamed over `path`, so a crash never leaves half a file."""
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dataset is meant to be shared
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_records(problems: list[Problem], path: str | os.PathLike) -> None:
+    """Write the problems' source records as JSON lines (atomically); the result loads again
+    with the same adapter and `data.path=<path>`."""
+    if Path(path).suffix.lower() != ".jsonl":
+        raise ConfigError(
+            f"{path}: records are written as JSON lines; use a name ending in .jsonl."
+        )
+    write_jsonl([p.record for p in problems], path)
+
+
+# --- prompts for the model ------------------------------------------------------------------------
+
+
+def render_prompt(tokenizer, question: str, system_prompt: str | None) -> str:
+    """The question as the model's chat template renders a user turn, ready for the reply."""
+    messages = [{"role": "user", "content": question}]
+    if system_prompt is not None:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    if tokenizer.chat_template is None:
+        return question
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+class PromptStream:
+    """Shuffled passes over the training split, seeded; `position` makes resume exact."""
+
+    def __init__(self, problems: list[Problem], seed: int, position: int = 0):
+        self.problems, self.seed, self.position = problems, seed, position
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.problems)))
+        random.Random(self.seed * 100_003 + epoch).shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[Problem]:
+        out, order, order_epoch = [], [], -1
+        for _ in range(n):
+            epoch, index = divmod(self.position, len(self.problems))
+            if epoch != order_epoch:
+                order, order_epoch = self._order(epoch), epoch
+            out.append(self.problems[order[index]])
+            self.position += 1
+        return out
+
+
+def fit_prompts(
+    cfg: Config, tokenizer, problems: list[Problem], split: str
+) -> list[Problem]:  # fmt: skip
+    """`problems` whose rendered prompt fits sampler.max_prompt_tokens; a longer one is an
+    error unless sampler.long_prompts=drop, which drops it with a count."""
+    s = cfg.sampler
+    rendered = [render_prompt(tokenizer, p.question, cfg.data.system_prompt) for p in problems]
+    lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False).input_ids]
+    too_long = [i for i, n in enumerate(lengths) if n > s.max_prompt_tokens]
+    if not too_long:
+        return problems
+    longest = max(too_long, key=lengths.__getitem__)
+    if s.long_prompts == "error":
+        raise ConfigError(
+            f"{len(too_long)} of {len(problems)} {split} prompts of data={cfg.data.name} are "
+            f"longer than sampler.max_prompt_tokens={s.max_prompt_tokens} (the longest, "
+            f"{problems[longest].id!r}, has {lengths[longest]} tokens with the chat template). "
+            "Raise sampler.max_prompt_tokens (with sampler.max_model_len on vLLM), or drop "
+            "them with sampler.long_prompts=drop."
+        )
+    print(
+        f"rlcli: dropped {len(too_long)} of {len(problems)} {split} prompts longer than "
+        f"sampler.max_prompt_tokens={s.max_prompt_tokens}."
+    )
+    drop = set(too_long)
+    kept = [p for i, p in enumerate(problems) if i not in drop]
+    if not kept:
+        limit = s.max_prompt_tokens
+        raise ConfigError(f"No {split} prompt fits in sampler.max_prompt_tokens={limit}.")
+    return kept

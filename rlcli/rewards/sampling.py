@@ -1,0 +1,79 @@
+"""Sampling and scoring together, for training and for the commands that only sample.
+
+`sample_and_score` samples a group per problem and scores every response; `scored_chunks`
+does so over a whole problem list, chunk by chunk (what `rlcli eval`, `filter` and `pairs`
+iterate over); `frozen_sampling` sets up the scorer, tokenizer and sampler those commands
+use on a model they do not train.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+from rlcli.config import Config
+from rlcli.data.problems import Problem, fit_prompts, render_prompt
+from rlcli.rewards.models import step_reward_tensors
+from rlcli.rewards.scorer import Sample, Scorer, Scores, check_reward_fields
+from rlcli.rollout.batch import Rollout
+from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
+from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
+
+
+def sample_and_score(
+    sampler: Sampler, scorer: Scorer, tokenizer, problems: list[Problem], group: int, system_prompt,
+    temperature: float | None = None, seed: int | None = None,
+) -> tuple[Rollout, Scores]:  # fmt: skip
+    """Sample a group per problem and score every response (NaN where a reward failed).
+
+    `temperature` and `seed` replace the training stream's for this call (evaluation)."""
+    prompts = [render_prompt(tokenizer, p.question, system_prompt) for p in problems]
+    ids, answers = [p.id for p in problems], [p.answer for p in problems]
+    batch = sampler.sample(prompts, group, ids, answers, temperature=temperature, seed=seed)
+    rows = [p for p in problems for _ in range(group)]
+    samples = [
+        Sample(p.question, text, p.answer, p.record, int(n))
+        for p, text, n in zip(rows, batch.texts, batch.lengths.tolist(), strict=True)
+    ]
+    scores = scorer(samples)
+    if scores.steps is not None:  # process reward: each step's score at its last token
+        step_rewards, step_ends = step_reward_tensors(
+            tokenizer, batch.response_ids.cpu(), batch.response_mask.cpu(), scores.steps
+        )
+        marked = step_rewards.masked_fill(~step_ends, math.nan)
+        batch = dataclasses.replace(batch, step_rewards=marked)
+    return batch, scores
+
+
+def scored_chunks(
+    sampler: Sampler, scorer: Scorer, tokenizer, problems: list[Problem], group: int,
+    system_prompt, chunk_size: int, temperature: float | None = None, seed: int | None = None,
+) -> Iterator[tuple[list[Problem], Rollout, Scores]]:  # fmt: skip
+    """`sample_and_score` over `problems`, `chunk_size` problems a call: yields each chunk
+    with its rollout and scores. With `seed`, the chunk starting at problem i is sampled
+    with seed + i, so a chunk's samples do not depend on the chunks before it."""
+    for start in range(0, len(problems), chunk_size):
+        chunk = problems[start : start + chunk_size]
+        rollout, scores = sample_and_score(
+            sampler, scorer, tokenizer, chunk, group, system_prompt, temperature,
+            None if seed is None else seed + start,
+        )  # fmt: skip
+        yield chunk, rollout, scores
+
+
+def frozen_sampling(cfg: Config, problems: list[Problem]):
+    """(scorer, model path, tokenizer, sampler) for commands that sample and score a model
+    without training it (`rlcli filter`, `pairs`, `eval`); the reward is checked first."""
+    t = cfg.trainer
+    device = pick_device(t.device)
+    check_reward_fields(cfg, problems)
+    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
+    model_path = resolve_model_path(cfg.model, t.seed)
+    tokenizer = load_tokenizer(model_path)
+    fit_prompts(cfg, tokenizer, problems, "")  # an error if any is too long
+    policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
+    # In trainer.dtype: what is measured (eval) or kept (filter, pairs) should not depend on
+    # whether the machine has fast bfloat16.
+    setup = SamplerSetup(cfg.sampler, model_path, tokenizer, policy, device, t.dtype, t.seed)
+    return scorer, model_path, tokenizer, make_sampler(setup)

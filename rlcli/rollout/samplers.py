@@ -1,0 +1,82 @@
+"""What every sampler offers (`Sampler`), and the registry `sampler.name` picks from.
+
+A sampler turns rendered prompts into a `Rollout` of `group_size` responses each, and is told
+after every optimiser step to take the learner's new weights (`sync`). Its `state_dict` is
+what a checkpoint keeps so that a resumed run samples exactly as an uninterrupted one.
+A new sampler (a remote engine, say) is one class with these methods and one line in
+`SAMPLERS`; its module is imported only when it is chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from rlcli.config import SamplerConfig
+from rlcli.rollout.batch import Rollout, eos_token_ids
+from rlcli.runtime import distributed
+
+
+class Sampler(Protocol):
+    def sample(
+        self, prompts: list[str], group_size: int, prompt_ids: list[str], answers: list[str],
+        temperature: float | None = None, seed: int | None = None,
+    ) -> Rollout:  # fmt: skip
+        """`group_size` responses per prompt; `temperature` (0 = greedy) and `seed` replace
+        the training stream's for one call (evaluation), leaving that stream where it was."""
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        """Sample from `policy`'s current weights from now on."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass(frozen=True)
+class SamplerSetup:
+    """What any sampler may need to start."""
+
+    cfg: SamplerConfig
+    model_path: str
+    tokenizer: object
+    policy: torch.nn.Module  # the causal LM whose weights are sampled
+    device: torch.device
+    dtype: str  # the dtype an engine of its own computes in
+    seed: int
+    # The policy's sharded root under torchrun, whose weights transformers' sampling must
+    # gather first; None in one process.
+    learner: torch.nn.Module | None = None
+
+
+def hf_sampler(setup: SamplerSetup) -> Sampler:
+    from rlcli.rollout.hf import HFSampler
+
+    s, learner = setup.cfg, setup.learner
+    gather = (lambda: distributed.gathered(learner)) if learner is not None else None
+    return HFSampler(
+        setup.policy, setup.tokenizer, s.temperature, s.top_p, s.max_new_tokens, gather
+    )
+
+
+def vllm_sampler(setup: SamplerSetup) -> Sampler:
+    from rlcli.rollout.vllm_engine import VLLMSampler
+
+    eos_ids = eos_token_ids(setup.tokenizer, setup.policy)
+    sampler = VLLMSampler(
+        setup.model_path, setup.tokenizer, eos_ids, setup.cfg, setup.dtype, setup.device,
+        setup.seed,
+    )  # fmt: skip
+    sampler.sync(setup.policy)  # a reused engine may hold another run's weights
+    return sampler
+
+
+SAMPLERS: dict[str, Callable[[SamplerSetup], Sampler]] = {"hf": hf_sampler, "vllm": vllm_sampler}
+
+
+def make_sampler(setup: SamplerSetup) -> Sampler:
+    """The sampler `sampler.name` names, holding the policy's current weights."""
+    return SAMPLERS[setup.cfg.name](setup)

@@ -1,0 +1,135 @@
+"""The one training loop, for RL and DPO alike: resume, step, evaluate, log, guard, save.
+
+`train(cfg, run_dir)` picks the `Trainer` of `algo.objective` from `TRAINERS` (the clipped
+RL objectives, or DPO) and drives it to `trainer.max_steps`. A trainer says how to build its
+run (from a checkpoint when resuming), take one step, evaluate on held-out data and save;
+the loop owns everything around that: which checkpoint to resume from, the progress bar and
+metrics, Ctrl-C / SIGTERM and non-finite steps (`LoopGuard`), and when to save. Under
+torchrun every rank runs the loop; rank 0 alone prints, logs and writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlcli.config import Config
+from rlcli.runtime import distributed
+from rlcli.tracking.trackers import NoTracker, Tracker
+from rlcli.train import dpo
+from rlcli.train import run as rl
+from rlcli.train import step as rl_step
+from rlcli.train.checkpoint import remove_incomplete, resume_point
+from rlcli.train.guard import LoopGuard
+from rlcli.train.held_out import EVAL_SEED, evaluate
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """One kind of training, as the loop drives it. `run` is whatever `setup` returns; it has
+    a `step` counter (optimiser steps done) that the loop advances."""
+
+    setup: Callable[[Config, Path | None], Any]  # (cfg, checkpoint or None) -> run
+    # run -> (metrics, the responses it scored, for the tracker's table)
+    train_step: Callable[[Any], tuple[dict[str, float], list]]
+    held_out: Callable[[Any], dict[str, float]]  # run -> eval metrics due after this step
+    save: Callable[[Any, Path], Path]  # (run, run_dir) -> the checkpoint written
+    describe: Callable[[Any], str]  # run -> what is trained, for the first line printed
+    before: Callable[[Any], str | None] = lambda run: None  # a line to print before step 1
+    headline: str = "reward/mean"  # the metric the progress bar shows
+
+
+def rl_train_step(run: rl.Run) -> tuple[dict[str, float], list]:
+    with run.scorer.recording() as samples:
+        metrics = rl_step.train_step(run)
+    return metrics, samples
+
+
+def rl_held_out(run: rl.Run) -> dict[str, float]:
+    """Greedy accuracy and pass@k every `trainer.eval_every` steps and at the end."""
+    cfg, t = run.cfg, run.cfg.trainer
+    if not t.eval_every or (run.step % t.eval_every and run.step != t.max_steps):
+        return {}
+    return evaluate(
+        run.sampler, run.scorer, run.tokenizer, run.test_problems, cfg.eval,
+        cfg.data.system_prompt, t.seed + EVAL_SEED,
+    )  # fmt: skip
+
+
+TRAINERS: dict[str, Trainer] = {
+    "clipped": Trainer(
+        setup=rl.setup,
+        train_step=rl_train_step,
+        held_out=rl_held_out,
+        save=rl.save,
+        describe=lambda run: f"training {run.model_path} on {run.device}",
+    ),
+    "dpo": Trainer(
+        setup=dpo.setup,
+        train_step=lambda run: (dpo.train_step(run), []),
+        held_out=dpo.held_out,
+        save=dpo.save,
+        describe=lambda run: (
+            f"DPO on {len(run.pairs.problems)} pairs with {run.model_path} on {run.device}"
+        ),
+        before=dpo.before_training,
+        headline="reward/accuracy",
+    ),
+}
+
+
+def train(cfg: Config, run_dir: Path) -> Path:
+    """Run steps up to `cfg.trainer.max_steps`, writing metrics and checkpoints under
+    `run_dir`; continue a run from its checkpoint as `trainer.resume` says. Returns the path
+    of metrics.jsonl."""
+    t, trainer = cfg.trainer, TRAINERS[cfg.algo.objective]
+    say = print if distributed.is_main() else lambda *_: None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = resume_point(t.resume, run_dir)
+    if distributed.is_main():
+        for name in remove_incomplete(run_dir):
+            say(f"rlcli: removed {name}, a checkpoint whose writing was interrupted")
+    run = trainer.setup(cfg, checkpoint)
+    if checkpoint is not None:
+        say(f"rlcli: resuming from {checkpoint} (step {run.step})")
+        if run.step >= t.max_steps:
+            say(f"rlcli: step {run.step} reached trainer.max_steps; raise it to train further")
+    world = distributed.world_size()
+    processes = f" in {world} processes" if world > 1 else ""
+    say(f"rlcli: {trainer.describe(run)}{processes}; writing to {run_dir}")
+    tracker = (
+        Tracker(cfg, run_dir, trainer.headline, first_step=run.step + 1)
+        if distributed.is_main()
+        else NoTracker()
+    )
+    if run.step == 0 and (line := trainer.before(run)):
+        tracker.write(line)
+    with LoopGuard(t.max_bad_steps, tracker.write) as guard:
+        while run.step < t.max_steps:
+            metrics, samples = trainer.train_step(run)
+            run.step += 1
+            # Under torchrun: averaged over the ranks (times: the slowest rank's).
+            metrics = distributed.mean_metrics({"step": run.step, **metrics})
+            sample = metrics.pop("_sample", None)
+            metrics.update({f"eval/{k}": v for k, v in trainer.held_out(run).items()})
+            tracker.log(metrics, samples)
+            guard.observe(run.step, metrics)
+            if sample is not None and cfg.logger.sample_every:
+                if run.step % cfg.logger.sample_every == 0:
+                    tracker.write(f"[step {run.step}] {sample!r}")
+            # Every rank stops at the same step, whichever of them was signalled.
+            stopping = bool(distributed.all_max(int(guard.stopping)))
+            due = t.save_every and run.step % t.save_every == 0
+            if due or run.step == t.max_steps or stopping:
+                saved = trainer.save(run, run_dir)
+            if stopping:
+                tracker.finish()
+                raise guard.stop(run.step, saved, run_dir)
+    curves = tracker.finish()
+    say(f"rlcli: metrics in {tracker.path}")
+    say(f"rlcli: curves in {curves}")
+    say(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
+    distributed.shutdown()
+    return tracker.path

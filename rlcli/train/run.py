@@ -1,0 +1,212 @@
+"""An RL run's state: `setup` builds it, `save` and `restore` carry it across a checkpoint.
+
+`Run` holds everything a training run keeps between steps (data stream, models, sampler,
+scorer, objective, optimisers, counters); `train.step.train_step` advances it by one step
+and `train.loop.train` drives the steps.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlcli.config import Config, ConfigError
+from rlcli.data import load_splits
+from rlcli.data.problems import Problem, PromptStream, fit_prompts
+from rlcli.data.records import read_texts
+from rlcli.ops.advantages import SasTracker
+from rlcli.ops.objective import Objective
+from rlcli.rewards.scorer import Scorer, check_reward_fields
+from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
+from rlcli.runtime import distributed
+from rlcli.runtime.models import (
+    compute_dtype,
+    load_causal_lm,
+    load_tokenizer,
+    pick_device,
+    resolve_model_path,
+)
+from rlcli.runtime.seed import seed_everything
+from rlcli.tracking.trackers import RecordingScorer
+from rlcli.train.checkpoint import (
+    load_checkpoint,
+    python_rng_state,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+    set_python_rng_state,
+)
+from rlcli.train.critic import load_critic
+from rlcli.train.learner import TokenLogprobModel, objective_from_config
+
+
+@dataclass
+class Run:
+    """Everything a training run holds between steps."""
+
+    cfg: Config
+    model_path: str
+    device: torch.device
+    compute_dtype: str  # what the learner multiplies in (`compute_dtype`)
+    tokenizer: object
+    policy: torch.nn.Module  # the causal LM (sharded in place under torchrun)
+    learner: torch.nn.Module  # TokenLogprobModel over the policy: what the learner calls
+    reference: torch.nn.Module | None  # None when beta = 0
+    critic: torch.nn.Module | None  # PPO only (algo.advantage=gae)
+    critic_optimizer: torch.optim.Optimizer | None
+    sampler: Sampler
+    # Keeps what it scores while recording (the loop's table of samples)
+    scorer: RecordingScorer
+    objective: Objective
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    prompts: PromptStream
+    test_problems: list[Problem]  # held out: trainer.eval_every evaluates on them
+    sas: SasTracker  # DCPO's per-prompt state (empty for other estimators)
+    beta: float  # KL coefficient; moves when algo.kl_target is set (adaptive controller)
+    ptx_texts: list[str]
+    rng: random.Random  # DUPO's choice of groups to duplicate, ptx batches
+    step: int = 0  # optimiser steps done (more than 0 when resumed from a checkpoint)
+
+
+def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
+    """Everything a run needs; from `checkpoint`, the state of the run that saved it."""
+    t, algo = cfg.trainer, cfg.algo
+    # Under torchrun each rank samples its own responses, so each draws its own numbers.
+    seed_everything(t.seed + distributed.rank())
+    device = distributed.init(pick_device(t.device))
+    # Data and reward first: a bad data file or reward function should fail before minutes
+    # of model loading.
+    train_set, test_set = load_splits(cfg.data)
+    check_reward_fields(cfg, train_set)
+    if t.eval_every and not test_set:
+        raise ConfigError(
+            f"trainer.eval_every={t.eval_every} needs held-out problems, but data="
+            f"{cfg.data.name} has none: set data.num_test (or data.test_path)."
+        )
+    ptx_texts = read_texts(algo.ptx_path) if algo.ptx_coef > 0 else []
+    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
+    model_path = resolve_model_path(cfg.model, t.seed)
+    tokenizer = load_tokenizer(model_path)
+    train_set = fit_prompts(cfg, tokenizer, train_set, "training")
+    test_set = fit_prompts(cfg, tokenizer, test_set, "held-out")
+    # A resumed policy starts from the checkpoint; the reference stays the original model.
+    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        policy.train()  # transformers only checkpoints in training mode; Llama has no dropout
+    sharded = distributed.world_size() > 1
+    learner = TokenLogprobModel(policy)
+    if sharded:
+        learner = distributed.shard(learner, policy)
+    # beta = 0 means no KL term, so no reference model is loaded at all.
+    # Frozen and used under autocast only, it is held in the compute dtype (half the memory).
+    compute = compute_dtype(t, device)
+    reference = load_causal_lm(model_path, compute, device, trainable=False) if algo.beta else None
+    critic = critic_optimizer = None
+    if algo.advantage == "gae":
+        path = algo.critic_path or model_path
+        if checkpoint is not None:
+            critic = load_critic(str(checkpoint / "critic"), t.dtype, device, new_head=False)
+        else:
+            critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
+    sampler = make_sampler(
+        SamplerSetup(
+            cfg.sampler, model_path, tokenizer, policy, device, compute, t.seed,
+            learner if sharded else None,
+        )
+    )  # fmt: skip
+    optimizer = torch.optim.AdamW(learner.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    warmup_updates = t.warmup_steps * t.mini_batches * t.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: min(1.0, (i + 1) / (warmup_updates + 1))
+    )
+    run = Run(
+        cfg=cfg,
+        model_path=model_path,
+        device=device,
+        compute_dtype=compute,
+        tokenizer=tokenizer,
+        policy=policy,
+        learner=learner,
+        reference=reference,
+        critic=critic,
+        critic_optimizer=critic_optimizer,
+        sampler=sampler,
+        scorer=RecordingScorer(scorer),
+        objective=objective_from_config(
+            algo, cfg.sampler, norm_len=algo.norm_len or cfg.sampler.max_new_tokens
+        ),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        prompts=PromptStream(train_set, t.seed),
+        test_problems=test_set,
+        sas=SasTracker(),
+        beta=algo.beta,
+        ptx_texts=ptx_texts,
+        rng=random.Random(t.seed),
+    )
+    if checkpoint is not None:
+        restore(run, checkpoint)
+    return run
+
+
+def run_state(run: Run) -> tuple[dict, dict]:
+    """(JSON state, tensor state dicts) that `restore` needs to continue the run exactly."""
+    state = {
+        "data_position": run.prompts.position,
+        "beta": run.beta,
+        "sas": run.sas.state_dict(),
+        "rng": rng_state(),
+        "run_rng": python_rng_state(run.rng),
+        "sampler": run.sampler.state_dict(),
+        "world_size": distributed.world_size(),
+    }
+    tensors = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
+    if run.critic_optimizer is not None:
+        tensors["critic_optimizer"] = run.critic_optimizer.state_dict()
+    return state, tensors
+
+
+def restore(run: Run, checkpoint: Path) -> None:
+    """Put the saved optimiser, scheduler, counters and RNG states back into a fresh `run`."""
+    state, tensors = load_checkpoint(checkpoint)
+    if state.get("world_size", 1) != distributed.world_size():
+        raise ConfigError(
+            f"{checkpoint} was written by {state.get('world_size', 1)} process(es) and this run "
+            f"has {distributed.world_size()}: its optimiser state is laid out for that number. "
+            "Resume with as many processes, or start afresh from its weights (model.path=...)."
+        )
+    if distributed.world_size() > 1:
+        distributed.load_full_optimizer_state(run.learner, run.optimizer, tensors["optimizer"])
+    else:
+        run.optimizer.load_state_dict(tensors["optimizer"])
+    run.scheduler.load_state_dict(tensors["scheduler"])
+    if run.critic_optimizer is not None:
+        run.critic_optimizer.load_state_dict(tensors["critic_optimizer"])
+    run.step, run.beta = state["step"], state["beta"]
+    run.prompts.position = state["data_position"]
+    run.sas.load_state_dict(state["sas"])
+    set_python_rng_state(run.rng, state["run_rng"])
+    run.sampler.load_state_dict(state["sampler"])
+    restore_rng(state["rng"])  # last: loading models above may have drawn numbers
+
+
+def save(run: Run, run_dir: Path) -> Path:
+    """Write a checkpoint of the run; under torchrun every rank gathers, rank 0 writes."""
+    state, tensors = run_state(run)
+    extra = {"critic": run.critic} if run.critic is not None else None
+    weights, target = None, run_dir / "checkpoints" / f"step_{run.step}"
+    if distributed.world_size() > 1:
+        weights, tensors["optimizer"] = distributed.full_state(run.learner, run.optimizer)
+    if distributed.is_main():
+        target = save_checkpoint(
+            run_dir, run.step, run.policy, run.tokenizer, tensors, state,
+            run.cfg.trainer.keep_last, extra, weights,
+        )  # fmt: skip
+    distributed.barrier()
+    return target

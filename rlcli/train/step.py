@@ -1,0 +1,221 @@
+"""One RL step, top to bottom: sample and score -> shape the batch -> reference and old
+log-probs -> advantages -> learn -> push the new weights to the sampler.
+
+`collect_batch` samples and shapes (DAPO's dynamic sampling, DUPO's duplicates);
+`train_step` builds the `TrainBatch` and hands it to the learner. The math lives in
+`rlcli.ops` (advantages, the objective's pieces), picked through their registries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+
+import torch
+
+from rlcli.config import ConfigError
+from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
+from rlcli.rewards.sampling import sample_and_score
+from rlcli.rewards.scorer import Scores, nanmean
+from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
+from rlcli.runtime import distributed
+from rlcli.runtime.models import autocast
+from rlcli.train.batch import TrainBatch
+from rlcli.train.critic import batch_values, learn_critic
+from rlcli.train.learner import UpdatePlan, batch_logprobs, learn, lm_loss
+from rlcli.train.run import Run
+from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
+
+
+def reward_metrics(rounds: list[Scores]) -> dict[str, float]:
+    """Each component's mean over every response sampled this step, and the failures."""
+    joined = Scores(
+        total=torch.cat([r.total for r in rounds]),
+        components={k: torch.cat([r.components[k] for r in rounds]) for k in rounds[0].components},
+        errors=[e for r in rounds for e in r.errors],
+    )
+    return joined.metrics()
+
+
+def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
+    """The step's batch of prompts_per_step groups, shaped as the algorithm asks.
+
+    DAPO dynamic sampling keeps only groups whose rewards differ and samples more prompts
+    until the batch is full (at most `max_gen_batches` generation rounds; then the step
+    trains on the groups found, and stops the run only if there are none); DUPO replaces
+    zero-signal groups by duplicates of informative ones; otherwise the batch is as sampled.
+    """
+    t, algo = run.cfg.trainer, run.cfg.algo
+    world = distributed.world_size()
+    P, G = t.prompts_per_step // world, t.group_size  # under torchrun, this rank's share
+    parts, kept_scores, sampled_groups, equal_groups, rounds = [], [], 0, 0, []
+    reward_seconds = 0.0
+
+    def timed_scorer(samples):  # reward time is reported apart from sampling time
+        nonlocal reward_seconds
+        begin = time.perf_counter()
+        scores = run.scorer(samples)
+        reward_seconds += time.perf_counter() - begin
+        return scores
+
+    for _ in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
+        batch, round_scores = sample_and_score(
+            run.sampler, timed_scorer, run.tokenizer,
+            run.prompts.take(P * world)[distributed.rank() :: world], G,
+            run.cfg.data.system_prompt,
+        )  # fmt: skip
+        rounds.append(round_scores)
+        scores = round_scores.total
+        informative = informative_groups(scores.view(P, G))
+        sampled_groups += P
+        equal_groups += int((~informative).sum())
+        if not algo.dynamic_sampling:
+            break
+        keep = informative.nonzero().flatten().tolist()
+        parts.append(select_rows(batch, group_rows(keep, G)))
+        kept_scores.append(scores.view(P, G)[keep].flatten())
+        if sum(len(p.texts) for p in parts) >= P * G:
+            batch = concat_rollouts(parts, run.tokenizer.pad_token_id)
+            batch = select_rows(batch, list(range(P * G)))
+            scores = torch.cat(kept_scores)[: P * G]
+            break
+    else:
+        found = sum(len(p.texts) for p in parts) // G
+        if found:
+            # A short batch beats stopping a run whose policy has nearly mastered its prompts.
+            batch = concat_rollouts(parts, run.tokenizer.pad_token_id)
+            scores = torch.cat(kept_scores)
+        else:
+            raise ConfigError(
+                f"DAPO dynamic sampling found only {found} of {P} groups with differing "
+                f"rewards after algo.max_gen_batches={algo.max_gen_batches} generation rounds: "
+                "every group is all right or all wrong. Raise algo.max_gen_batches, use an "
+                "easier or harder dataset, or turn it off with algo.dynamic_sampling=false."
+            )
+    metrics = {
+        **reward_metrics(rounds),
+        "batch/groups_all_equal": equal_groups / sampled_groups,
+        "batch/gen_batches": float(sampled_groups // P),
+        "time/reward": reward_seconds,
+    }
+    if algo.dynamic_sampling:
+        metrics["batch/groups_short"] = float(P - len(batch.texts) // G)
+    if algo.dupo_fill:
+        slots = dupo_fill(informative_groups(scores.view(P, G)).tolist(), run.rng)
+        metrics["batch/duplicated_groups"] = float(sum(g != i for i, g in enumerate(slots)))
+        rows = group_rows(slots, G)
+        batch, scores = select_rows(batch, rows), scores[rows]
+    return batch, scores, metrics
+
+
+def train_step(run: Run) -> dict[str, float]:
+    """One step: sample, score, update. Returns the step's metrics (times in seconds)."""
+    t, algo = run.cfg.trainer, run.cfg.algo
+    start = time.perf_counter()
+    rollout, scores, metrics = collect_batch(run)
+    sampled = time.perf_counter()
+
+    lengths = rollout.lengths.float()
+    missing = scores.isnan()
+    if missing.any():
+        # A response whose reward failed teaches nothing: it stays out of the loss.
+        keep = (~missing).to(rollout.response_mask)[:, None]
+        rollout = dataclasses.replace(rollout, response_mask=rollout.response_mask * keep)
+    if algo.overlong_filter:
+        # DAPO overlong filtering: truncated responses stay in the batch but out of the loss.
+        keep = (~rollout.truncated).to(rollout.response_mask)[:, None]
+        rollout = dataclasses.replace(rollout, response_mask=rollout.response_mask * keep)
+
+    mbs, tokens = t.micro_batch_size, t.max_tokens_per_micro_batch
+    temp = run.cfg.sampler.temperature
+    # bfloat16 autocast where the learner computes in it (a fresh context for each use).
+    precision = functools.partial(autocast, run.device, run.compute_dtype)
+    ref_logp = None
+    if run.reference is not None:
+        with precision():
+            ref_logp = batch_logprobs(run.reference, rollout, mbs, temp, tokens)
+    # With one update per batch the sampling policy is the current one, so its log-probs
+    # equal the learner's own (detached); they are stored up front only when several updates
+    # follow or the KL goes into the reward.
+    kl_in_reward = algo.kl_in == "reward" and ref_logp is not None
+    need_old = t.mini_batches * t.epochs > 1 or kl_in_reward or run.critic is not None
+    with precision():
+        old_logp = batch_logprobs(run.learner, rollout, mbs, temp, tokens) if need_old else None
+    # The KL-in-reward penalty (PPO), beta * k1 per response token, made here for every
+    # estimator; the estimators read it as a sequence or a per-token reward.
+    kl_penalty = torch.zeros(rollout.response_mask.shape, device=run.device)
+    if kl_in_reward:
+        kl_k1 = (old_logp - ref_logp) * rollout.response_mask
+        metrics["kl"] = (kl_k1.sum() / rollout.response_mask.sum().clamp(min=1)).item()
+        kl_penalty = run.beta * kl_k1
+    logprobs_done = time.perf_counter()
+
+    old_values = batch_values(run.critic, rollout, mbs) if run.critic is not None else None
+    advantages, returns = ADVANTAGES[algo.advantage](
+        AdvantageInputs(
+            scores=scores, kl_penalty=kl_penalty, mask=rollout.response_mask,
+            group_size=t.group_size, prompt_ids=rollout.prompt_ids, sas=run.sas,
+            values=old_values, step_rewards=rollout.step_rewards, gamma=algo.gamma,
+            lam=algo.lam, whiten=algo.whiten_advantages,
+        )
+    )  # fmt: skip
+    advantages = advantages.to(run.device)
+    batch = TrainBatch(rollout, scores, advantages, old_logp, ref_logp, returns, old_values)
+    responses_with_signal = (advantages.abs().reshape(len(rollout.texts), -1).amax(-1) > 0).float()
+    scored = time.perf_counter()
+
+    objective = dataclasses.replace(run.objective, beta=run.beta)
+    plan = UpdatePlan(t.mini_batches, mbs, tokens, t.max_grad_norm)
+    ptx = None
+    if algo.ptx_coef > 0:
+
+        def ptx():  # noqa: E306 - PPO-ptx: gamma_ptx * LM loss on a batch of pretraining text
+            texts = run.rng.sample(run.ptx_texts, min(mbs, len(run.ptx_texts)))
+            return algo.ptx_coef * lm_loss(run.policy, run.tokenizer, texts)
+
+    with precision():
+        epochs = [
+            learn(run.learner, run.optimizer, objective, batch, plan, run.scheduler, ptx)
+            for _ in range(t.epochs)
+        ]
+    if run.critic is not None:
+        for _ in range(t.epochs):
+            metrics.update(
+                learn_critic(
+                    run.critic, run.critic_optimizer, batch, algo.value_clip, algo.vf_coef, plan
+                )
+            )
+    learned = time.perf_counter()
+    run.sampler.sync(run.policy)  # the next batch is sampled with the updated weights
+    synced = time.perf_counter()
+
+    kl_now = epochs[-1].get("kl", metrics.get("kl"))
+    if algo.kl_target and kl_now is not None and math.isfinite(kl_now):
+        # Adaptive KL controller (Ziegler et al. 2019): move beta towards the target KL.
+        error = max(-0.2, min(0.2, kl_now / algo.kl_target - 1))
+        run.beta *= 1 + error * len(rollout.texts) / algo.kl_horizon
+    return {
+        "reward/mean": nanmean(scores),
+        "reward/std": scores[~missing].std().item() if (~missing).sum() > 1 else 0.0,
+        **metrics,
+        "batch/response_utilisation": responses_with_signal.mean().item(),
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
+        "response/truncated_frac": rollout.truncated.float().mean().item(),
+        # Prompt and response tokens the learner reads (its FLOPs scale with these).
+        "batch/tokens": float(rollout.attention_mask.sum()),
+        **{key: sum(m[key] for m in epochs) / len(epochs) for key in epochs[0]},
+        "nonfinite/skipped_updates": sum(m["nonfinite/skipped_updates"] for m in epochs),
+        "kl/beta": run.beta,
+        "lr": run.scheduler.get_last_lr()[0],
+        "time/sample": sampled - start - metrics["time/reward"],
+        "time/logprobs": logprobs_done - sampled,
+        "time/advantages": scored - logprobs_done,
+        "time/learn": learned - scored,
+        "time/sync": synced - learned,
+        "time/step": synced - start,
+        "throughput/tokens_per_s": lengths.sum().item() / (synced - start),
+        "_sample": rollout.texts[0],
+    }
