@@ -29,8 +29,17 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("tracking", ["rlcli.tracking"]),
     ("train", ["rlcli.train"]),
     ("validation", ["rlcli.config.validate"]),
-    ("commands", ["rlcli.evaluate", "rlcli.filter", "rlcli.pairs", "rlcli.sweep",
-                  "rlcli.plot", "rlcli.recipes"]),  # fmt: skip
+    (
+        "commands",
+        [
+            "rlcli.evaluate",
+            "rlcli.filter",
+            "rlcli.pairs",
+            "rlcli.sweep",
+            "rlcli.plot",
+            "rlcli.recipes",
+        ],
+    ),  # fmt: skip
     ("entry", ["rlcli.cli", "rlcli.__main__", "rlcli"]),
 ]
 
@@ -110,16 +119,15 @@ def main() -> int:
     lines = {m: len(p.read_text().splitlines()) for m, p in files.items()}
 
     circles = cycles(graph)
-    upward = sorted(
-        (m, d) for m, deps in graph.items() for d in deps if layer_of(d) > layer_of(m)
-    )
+    upward = sorted((m, d) for m, deps in graph.items() for d in deps if layer_of(d) > layer_of(m))
     unplaced = sorted(m for m in modules if layer_of(m) == len(LAYERS))
     long = sorted((n, m) for m, n in lines.items() if n > MAX_LINES)
     top = sorted(p for p in PACKAGE.glob("*.py"))
 
     if not args.quiet:
-        print(f"{len(modules)} modules, {sum(len(d) for d in graph.values())} imports between "
-              f"them, {len(top)} at the top of rlcli/, largest {max(lines.values())} lines")  # fmt: skip
+        edges = sum(len(d) for d in graph.values())
+        print(f"{len(modules)} modules, {edges} imports between them, {len(top)} at the top of "
+              f"rlcli/, largest {max(lines.values())} lines")  # fmt: skip
         for name, prefixes in LAYERS:
             members = sorted(m for m in modules if LAYERS[layer_of(m)][0] == name)
             print(f"  {name}: {len(members)} modules ({', '.join(prefixes)})")

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from rlcli.config import AlgoConfig, SamplerConfig
+from rlcli.config.validate import section
 from rlcli.rollout.batch import rollout_from_tokens, select_rows
 from rlcli.runtime import distributed
 from rlcli.runtime.models import load_causal_lm
@@ -48,8 +48,8 @@ def main() -> None:
     optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-3)
     batch, advantages, old_logp = fixed_batch(policy.config.vocab_size)
     rows = list(range(rank, len(batch.texts), world))
-    algo = AlgoConfig(aggregation=aggregation, beta=0.0)
-    objective = objective_from_config(algo, SamplerConfig(), norm_len=16)
+    algo = section("algo", "grpo", aggregation=aggregation, beta=0.0)
+    objective = objective_from_config(algo, section("sampler", "hf"), norm_len=16)
     mine = TrainBatch(
         select_rows(batch, rows), torch.zeros(len(rows)), advantages[rows], old_logp[rows]
     )

@@ -7,7 +7,7 @@ The fixtures in tests/fixtures/ are hand-written records in the hub datasets' ow
 import json
 import random
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from fractions import Fraction
 from itertools import permutations
 from pathlib import Path
@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from rlcli.config import CONF_DIR, ConfigError, DataConfig
+from rlcli.config.validate import section
 from rlcli.data import DATASETS, load_splits
 from rlcli.data.countdown import MAX_EXPRESSION_CHARS, countdown_problem, countdown_score
 from rlcli.data.generated import arith_splits
@@ -30,9 +31,8 @@ GSM8K_ANSWERS = {"38", "210", "500", "1350", "9", "72"}
 
 
 def data_cfg(name: str, **overrides) -> DataConfig:
-    """The config `data=<name>` selects (its conf/data yaml), with overrides."""
-    values = yaml.safe_load((CONF_DIR / "data" / f"{name}.yaml").read_text())
-    return DataConfig(**{**values, **overrides})
+    """The config `data=<name>` selects (its conf/data yaml over data_base.yaml), with overrides."""
+    return section("data", name, **overrides)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -63,6 +63,7 @@ def test_every_adapter_has_a_yaml_named_after_it_with_known_fields_only():
         values = yaml.safe_load(text)
         assert text.startswith("# "), f"{path.name} must open with what the dataset is"
         assert values["name"] == path.stem
+        assert values.pop("defaults") == ["/data_base@_here_", "_self_"], path.name
         assert set(values) <= known, f"{path.name}: {set(values) - known} not in DataConfig"
         if values.get("answer_format"):
             assert values["answer_format"] in ANSWER_FORMATS
@@ -70,14 +71,17 @@ def test_every_adapter_has_a_yaml_named_after_it_with_known_fields_only():
 
 def test_load_splits_rejects_an_unknown_name():
     with pytest.raises(ConfigError, match="data.name='nope'.*arith, countdown"):
-        load_splits(DataConfig(name="nope"))
+        load_splits(replace(data_cfg("arith"), name="nope"))
 
 
 # --- arith -----------------------------------------------------------------------------------
 
 
 def test_arith_is_seeded_correct_and_splits_do_not_overlap():
-    cfg = DataConfig(difficulty=2, operators="+-*", num_operands=3, num_train=300, num_test=50)
+    cfg = data_cfg(
+        "arith", instruction="", difficulty=2, operators="+-*", num_operands=3, num_train=300,
+        num_test=50,
+    )  # fmt: skip
     train, test = arith_splits(cfg)
     assert (train, test) == arith_splits(cfg)  # same seed, same problems
     assert len(train) == 300 and len(test) == 50
@@ -86,7 +90,7 @@ def test_arith_is_seeded_correct_and_splits_do_not_overlap():
         expr = p.question.removeprefix("What is ").split("?")[0].replace("×", "*")
         # The generator computes answers without eval(); the test checks it against Python.
         assert int(p.answer) == eval(expr)  # noqa: S307 - trusted, generated digits and operators
-    other, _ = arith_splits(DataConfig(seed=7, num_train=300, num_test=50))
+    other, _ = arith_splits(data_cfg("arith", instruction="", seed=7, num_train=300, num_test=50))
     assert [p.question for p in other] != [p.question for p in train]
 
 
@@ -100,7 +104,9 @@ def test_arith_records_hold_the_full_prompt_and_ids_are_kept():
 
 
 def test_arith_difficulty_sets_operand_digits():
-    train, _ = arith_splits(DataConfig(difficulty=3, operators="+", num_train=20, num_test=0))
+    train, _ = arith_splits(
+        data_cfg("arith", instruction="", difficulty=3, operators="+", num_train=20, num_test=0)
+    )
     for p in train:
         a, b = p.question.removeprefix("What is ").split("?")[0].split(" + ")
         assert len(a) == 3 and len(b) == 3
@@ -108,7 +114,7 @@ def test_arith_difficulty_sets_operand_digits():
 
 def test_arith_rejects_unknown_operators():
     with pytest.raises(ConfigError, match="data.operators='/'"):
-        arith_splits(DataConfig(operators="/"))
+        arith_splits(data_cfg("arith", instruction="", operators="/"))
 
 
 # --- countdown: generation -------------------------------------------------------------------
@@ -400,7 +406,7 @@ def test_limit_keeps_a_seeded_subset_of_the_training_problems():
 def test_jsonl_fields_and_split(tmp_path):
     rows = [{"q": f"What is {i} + 1?", "a": str(i + 1), "other": i} for i in range(10)]
     path = write_jsonl(tmp_path / "probs.jsonl", rows)
-    cfg = DataConfig(name="jsonl", path=str(path), prompt_field="q", answer_field="a", num_test=3)
+    cfg = data_cfg("jsonl", path=str(path), prompt_field="q", answer_field="a", num_test=3)
     train, test = load_splits(cfg)
     assert len(train) == 7 and len(test) == 3
     assert {p.answer for p in train + test} == {str(i + 1) for i in range(10)}
@@ -532,7 +538,7 @@ def test_write_records_of_generated_problems_load_with_data_jsonl(tmp_path, gene
 
 
 def test_prompt_stream_is_a_seeded_permutation_per_epoch():
-    problems, _ = arith_splits(DataConfig(num_train=10, num_test=0))
+    problems, _ = arith_splits(data_cfg("arith", instruction="", num_train=10, num_test=0))
     stream = PromptStream(problems, seed=3)
     first_epoch = stream.take(10)
     assert sorted(p.id for p in first_epoch) == sorted(p.id for p in problems)

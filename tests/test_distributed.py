@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from rlcli.config import AlgoConfig, SamplerConfig
+from rlcli.config.validate import section
 from rlcli.runtime.models import load_causal_lm
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.batch import TrainBatch
@@ -55,7 +55,8 @@ def one_step(model_dir: str, micro_batch_size: int, max_tokens: int) -> dict:
     learner = TokenLogprobModel(policy)
     optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-3)
     batch, advantages, old_logp = fixed_batch(policy.config.vocab_size)
-    objective = objective_from_config(AlgoConfig(beta=0.0), SamplerConfig(), norm_len=16)
+    algo, sampler = section("algo", "grpo", beta=0.0), section("sampler", "hf")
+    objective = objective_from_config(algo, sampler, norm_len=16)
     train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, old_logp)
     plan = UpdatePlan(1, micro_batch_size, max_tokens, max_grad_norm=1.0)
     metrics = learn(learner, optimizer, objective, train_batch, plan)

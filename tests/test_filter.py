@@ -5,8 +5,7 @@ import json
 
 import torch
 
-from rlcli.config import DataConfig
-from rlcli.config.validate import compose
+from rlcli.config.validate import compose, section
 from rlcli.data import load_splits
 from rlcli.filter import verdicts
 from tests.test_train import rlcli
@@ -57,7 +56,7 @@ def test_rlcli_filter_writes_a_smaller_dataset_and_reports_the_counts(tmp_path):
     assert f"kept {report['kept']} of 24 prompts" in result.stdout
 
     # The written copy loads as a dataset again and holds exactly the kept problems.
-    kept, _ = load_splits(DataConfig(name="jsonl", path=str(out), num_test=0))
+    kept, _ = load_splits(section("data", "jsonl", path=str(out), num_test=0))
     assert len(kept) == report["kept"]
     assert {p.question for p in kept} == {p.question for p in train if int(p.answer) % 3}
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -40,8 +40,14 @@ RUNS = {
     "ppo": [*TINY, "algo=ppo", "sampler=hf", "trainer.mini_batches=2"],
     # Preference pairs, the cached reference.
     "dpo": [
-        "model=tiny", "algo=dpo", "data=pairs", f"data.path={PAIRS}", "data.num_test=2",
-        "trainer.max_steps=3", "trainer.lr=1e-3", "logger.progress=false",
+        "model=tiny",
+        "algo=dpo",
+        "data=pairs",
+        f"data.path={PAIRS}",
+        "data.num_test=2",
+        "trainer.max_steps=3",
+        "trainer.lr=1e-3",
+        "logger.progress=false",
     ],  # fmt: skip
 }
 
@@ -53,8 +59,7 @@ def run_metrics(overrides: list[str], run_dir: Path) -> list[dict]:
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [
-        {k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))}
-        for row in rows
+        {k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in rows
     ]
 
 

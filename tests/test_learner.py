@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 import torch
 
-from rlcli.config import SamplerConfig
 from rlcli.config.validate import compose
 from rlcli.ops.policy_loss import AGGREGATIONS
 from rlcli.rollout.batch import response_mask_from
@@ -75,7 +74,7 @@ def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation, per_
     ref_logp = batch_logprobs(run.policy, batch, 12) + 0.1 * torch.randn(batch.response_mask.shape)
     algo = copy.deepcopy(run.cfg.algo)
     algo.aggregation, algo.beta = aggregation, 0.1
-    objective = objective_from_config(algo, SamplerConfig(), norm_len=16)
+    objective = objective_from_config(algo, run.cfg.sampler, norm_len=16)
     train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, None, ref_logp)
     grads = []
     for micro in (12, 5, 1):

@@ -1,14 +1,18 @@
 """The config schema: one typed dataclass per group, and `ConfigError`.
 
 Fields are documented once, by the comment above each of them in `conf/**/*.yaml`, which also
-holds every default; this module fixes their types. It imports nothing of rlcli, so every
-room may read the config (validation is `config.validate`, above the registries).
+holds every default (`conf/<group>_base.yaml` has all of a group's fields): here every field is
+MISSING, so a value the YAML does not give is an error, not a second default. This module
+fixes the types. It imports nothing of rlcli, so every room may read the config (validation
+is `config.validate`, above the registries).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from omegaconf import MISSING
 
 # The Hydra config tree (`conf/` at the top of the repository).
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -24,179 +28,179 @@ class ConfigError(ValueError):
 
 @dataclass
 class AlgoConfig:
-    name: str = "grpo"
-    advantage: str = "grpo"
-    ratio: str = "token"
-    clip: str = "symmetric"
-    surrogate: str = "ppo_clip"
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float | None = None
-    kl: str = "k3"
-    beta: float = 0.04
-    kl_in: str = "loss"
-    kl_target: float | None = None
-    kl_horizon: int = 10000
-    entropy_coef: float = 0.0
-    aggregation: str = "seq_mean_token_mean"
-    norm_len: int | None = None
+    name: str = MISSING
+    advantage: str = MISSING
+    ratio: str = MISSING
+    clip: str = MISSING
+    surrogate: str = MISSING
+    eps_low: float = MISSING
+    eps_high: float = MISSING
+    dual_clip: float | None = MISSING
+    kl: str = MISSING
+    beta: float = MISSING
+    kl_in: str = MISSING
+    kl_target: float | None = MISSING
+    kl_horizon: int = MISSING
+    entropy_coef: float = MISSING
+    aggregation: str = MISSING
+    norm_len: int | None = MISSING
     # batch shaping (DAPO, DUPO)
-    dynamic_sampling: bool = False
-    max_gen_batches: int = 3
-    overlong_filter: bool = False
-    dupo_fill: bool = False
+    dynamic_sampling: bool = MISSING
+    max_gen_batches: int = MISSING
+    overlong_filter: bool = MISSING
+    dupo_fill: bool = MISSING
     # PPO critic and pretraining mix
-    gamma: float = 1.0
-    lam: float = 0.95
-    whiten_advantages: bool = True
-    vf_coef: float = 0.1
-    value_clip: float = 0.2
-    critic_path: str | None = None
-    critic_lr: float | None = None
-    ptx_coef: float = 0.0
-    ptx_path: str | None = None
+    gamma: float = MISSING
+    lam: float = MISSING
+    whiten_advantages: bool = MISSING
+    vf_coef: float = MISSING
+    value_clip: float = MISSING
+    critic_path: str | None = MISSING
+    critic_lr: float | None = MISSING
+    ptx_coef: float = MISSING
+    ptx_path: str | None = MISSING
     # the training loop: clipped (RL on sampled responses) or dpo (preference pairs)
-    objective: str = "clipped"
-    max_length: int = 1024
+    objective: str = MISSING
+    max_length: int = MISSING
 
 
 @dataclass
 class RewardConfig:
-    name: str = "math"
-    components: list[str] = field(default_factory=lambda: ["math"])
-    weights: list[float] | None = None
-    pattern: str = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
-    overlong_cache_len: int = 0
-    timeout_s: float = 5.0
+    name: str = MISSING
+    components: list[str] = MISSING
+    weights: list[float] | None = MISSING
+    pattern: str = MISSING
+    overlong_cache_len: int = MISSING
+    timeout_s: float = MISSING
     # python
-    function: str | None = None
+    function: str | None = MISSING
     # reward_model, process
-    model_path: str | None = None
-    batch_size: int = 8
-    max_length: int = 1024
-    step_separator: str = "\n"
-    step_tag: str = "<extra_0>"
+    model_path: str | None = MISSING
+    batch_size: int = MISSING
+    max_length: int = MISSING
+    step_separator: str = MISSING
+    step_tag: str = MISSING
 
 
 @dataclass
 class SamplerConfig:
-    name: str = "vllm"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 48
-    max_prompt_tokens: int = 512
-    long_prompts: str = "error"
-    stop: list[str] = field(default_factory=list)
-    old_logp: str = "learner"
-    tis_cap: float = 2.0
+    name: str = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    max_new_tokens: int = MISSING
+    max_prompt_tokens: int = MISSING
+    long_prompts: str = MISSING
+    stop: list[str] = MISSING
+    old_logp: str = MISSING
+    tis_cap: float = MISSING
     # vLLM engine
-    max_model_len: int = 2048
-    gpu_memory_utilization: float = 0.3
-    tensor_parallel_size: int = 1
-    cpu_kv_cache_gb: float = 0.125
-    enforce_eager: bool | None = None
+    max_model_len: int = MISSING
+    gpu_memory_utilization: float = MISSING
+    tensor_parallel_size: int = MISSING
+    cpu_kv_cache_gb: float = MISSING
+    enforce_eager: bool | None = MISSING
 
 
 @dataclass
 class ModelConfig:
-    name: str = "smollm2_135m"
-    source: str = "smollm2_gguf"
-    path: str | None = None
-    gradient_checkpointing: bool = False
-    tiny_layers: int = 2
-    tiny_hidden: int = 64
-    tiny_heads: int = 2
+    name: str = MISSING
+    source: str = MISSING
+    path: str | None = MISSING
+    gradient_checkpointing: bool = MISSING
+    tiny_layers: int = MISSING
+    tiny_hidden: int = MISSING
+    tiny_heads: int = MISSING
 
 
 @dataclass
 class DataConfig:
-    name: str = "arith"
+    name: str = MISSING
     # generated: arith, countdown
-    difficulty: int = 2
-    operators: str = "+-"
-    num_operands: int = 2
-    num_train: int = 2000
+    difficulty: int = MISSING
+    operators: str = MISSING
+    num_operands: int = MISSING
+    num_train: int = MISSING
     # records: jsonl, parquet, gsm8k, math, dapo_math_17k
-    path: str | None = None
-    test_path: str | None = None
-    hub_id: str | None = None
-    hub_config: str | None = None
-    train_split: str = "train"
-    test_split: str | None = None
-    prompt_field: str = "question"
-    answer_field: str = "answer"
-    chosen_field: str = "chosen"
-    rejected_field: str = "rejected"
-    answer_format: str = "plain"
-    template: str | None = None
-    dedupe: bool = False
-    limit: int | None = None
+    path: str | None = MISSING
+    test_path: str | None = MISSING
+    hub_id: str | None = MISSING
+    hub_config: str | None = MISSING
+    train_split: str = MISSING
+    test_split: str | None = MISSING
+    prompt_field: str = MISSING
+    answer_field: str = MISSING
+    chosen_field: str = MISSING
+    rejected_field: str = MISSING
+    answer_format: str = MISSING
+    template: str | None = MISSING
+    dedupe: bool = MISSING
+    limit: int | None = MISSING
     # all
-    num_test: int = 200
-    instruction: str = ""
-    system_prompt: str | None = None
-    seed: int = 1234
+    num_test: int = MISSING
+    instruction: str = MISSING
+    system_prompt: str | None = MISSING
+    seed: int = MISSING
 
 
 @dataclass
 class PairsConfig:
-    k: int = 8
-    min_margin: float = 0.0
-    prompts_per_batch: int = 16
-    out: str | None = None
+    k: int = MISSING
+    min_margin: float = MISSING
+    prompts_per_batch: int = MISSING
+    out: str | None = MISSING
 
 
 @dataclass
 class FilterConfig:
-    k: int = 8
-    correct_above: float = 0.5
-    drop_never_correct: bool = False
-    prompts_per_batch: int = 16
-    out: str | None = None
+    k: int = MISSING
+    correct_above: float = MISSING
+    drop_never_correct: bool = MISSING
+    prompts_per_batch: int = MISSING
+    out: str | None = MISSING
 
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 30
-    seed: int = 0
-    prompts_per_step: int = 4
-    group_size: int = 4
-    mini_batches: int = 1
-    epochs: int = 1
-    micro_batch_size: int = 8
-    max_tokens_per_micro_batch: int = 512
-    bf16_autocast: bool = True
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    device: str = "auto"
-    dtype: str = "float32"
-    save_every: int = 50
-    keep_last: int | None = 2
-    resume: str | None = "auto"
-    max_bad_steps: int = 3
-    eval_every: int = 0
+    max_steps: int = MISSING
+    seed: int = MISSING
+    prompts_per_step: int = MISSING
+    group_size: int = MISSING
+    mini_batches: int = MISSING
+    epochs: int = MISSING
+    micro_batch_size: int = MISSING
+    max_tokens_per_micro_batch: int = MISSING
+    bf16_autocast: bool = MISSING
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    warmup_steps: int = MISSING
+    max_grad_norm: float = MISSING
+    device: str = MISSING
+    dtype: str = MISSING
+    save_every: int = MISSING
+    keep_last: int | None = MISSING
+    resume: str | None = MISSING
+    max_bad_steps: int = MISSING
+    eval_every: int = MISSING
 
 
 @dataclass
 class LoggerConfig:
-    name: str = "jsonl"
-    progress: bool = True
-    sample_every: int = 0
-    project: str = "rlcli"
-    entity: str | None = None
-    run_name: str | None = None
-    table_every: int = 10
+    name: str = MISSING
+    progress: bool = MISSING
+    sample_every: int = MISSING
+    project: str = MISSING
+    entity: str | None = MISSING
+    run_name: str | None = MISSING
+    table_every: int = MISSING
 
 
 @dataclass
 class EvalConfig:
-    k: int = 8
-    temperature: float = 1.0
-    max_problems: int | None = None
-    prompts_per_batch: int = 32
-    correct_above: float = 0.5
+    k: int = MISSING
+    temperature: float = MISSING
+    max_problems: int | None = MISSING
+    prompts_per_batch: int = MISSING
+    correct_above: float = MISSING
 
 
 @dataclass

@@ -4,8 +4,9 @@ The loop is `train.loop`'s, as for RL; this module is what it drives. `setup` lo
 pairs and the policy, computes every pair's reference log-probs once with the frozen
 reference model and then frees it (so the reference never sits in memory during training);
 each `train_step` takes `trainer.prompts_per_step` pairs, sums the policy's log-probs of the
-chosen and the rejected reply, and minimises the DPO loss of `rlcli.ops.policy_loss.dpo_loss`. The learner divides
-no logits by a temperature here: the pairs were not sampled by this policy.
+chosen and the rejected reply, and minimises the DPO loss of `rlcli.ops.policy_loss.dpo_loss`.
+The learner divides no logits by a temperature here: the pairs were not sampled by this
+policy.
 """
 
 from __future__ import annotations
