@@ -1,7 +1,9 @@
 """Pure tensor math for rlcli's objectives (see ALGORITHMS.md).
 
 ``advantages`` holds the advantage estimators, ``policy_loss`` the ratios, clip rules,
-KL estimators, loss aggregations and the smaller losses (value, DPO). Every piece is a
+surrogates, KL estimators, loss aggregations and the smaller losses (value, DPO),
+``objective`` the clipped policy objective assembled from those pieces, and ``logprobs``
+the chunked log-prob and entropy of the taken tokens. Every piece is a
 small function over tensors found through a plain dict registry; nothing here does I/O,
 reads a config or touches a model.
 """
