@@ -34,9 +34,15 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
     print(f"rlcli: evaluating {model_path} on {n} held-out problems of data={cfg.data.name}")
     start = time.perf_counter()
     results = evaluate(
-        sampler, scorer, tokenizer, test, cfg.eval, cfg.data.system_prompt,
-        t.seed + EVAL_SEED, progress=cfg.logger.progress,
-    )  # fmt: skip
+        sampler,
+        scorer,
+        tokenizer,
+        test,
+        cfg.eval,
+        cfg.data.system_prompt,
+        t.seed + EVAL_SEED,
+        progress=cfg.logger.progress,
+    )
     report = {
         "model": model_path,
         "data": cfg.data.name,

@@ -23,9 +23,13 @@ def plot_command(argv: list[str]) -> None:
         "each panel: reward, response length, entropy, clip fraction, KL).",
     )
     parser.add_argument(
-        "run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="a run directory holding "
+        "run_dirs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="a run directory holding "
         f"{METRICS_FILE} (runs/<time>, or a sweep's job directory multirun/<time>/<job>)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, default=Path(CURVES_FILE), help="the PNG to write")
     args = parser.parse_args(argv)
     for run_dir in args.run_dirs:

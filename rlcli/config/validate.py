@@ -211,8 +211,11 @@ def _check_ranges(cfg: Config) -> None:
             "data.hub_id=<Hugging Face dataset id>): the training records."
         )
     d = cfg.data
-    given = [f"data.{k}={v}" for k, v in [("path", d.path), ("test_path", d.test_path),
-             ("hub_id", d.hub_id)] if v]  # fmt: skip
+    given = [
+        f"data.{k}={v}"
+        for k, v in [("path", d.path), ("test_path", d.test_path), ("hub_id", d.hub_id)]
+        if v
+    ]
     if d.name in ("arith", "countdown") and given:
         # Every data field has a value (conf/data_base.yaml), so Hydra would not object.
         raise ConfigError(

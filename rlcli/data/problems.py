@@ -90,9 +90,7 @@ class PromptStream:
         return out
 
 
-def fit_prompts(
-    cfg: Config, tokenizer, problems: list[Problem], split: str
-) -> list[Problem]:  # fmt: skip
+def fit_prompts(cfg: Config, tokenizer, problems: list[Problem], split: str) -> list[Problem]:
     """`problems` whose rendered prompt fits sampler.max_prompt_tokens; a longer one is an
     error unless sampler.long_prompts=drop, which drops it with a count."""
     s = cfg.sampler

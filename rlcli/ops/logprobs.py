@@ -19,9 +19,13 @@ CHUNK_ELEMENTS = 2**24
 
 
 def _chunk_logprob_entropy(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, tokens: Tensor, temperature: float,
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    tokens: Tensor,
+    temperature: float,
     with_entropy: bool,
-) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+) -> tuple[Tensor, Tensor | None]:
     logits = hidden @ weight.T
     if bias is not None:
         logits = logits + bias

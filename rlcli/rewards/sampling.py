@@ -22,9 +22,15 @@ from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, re
 
 
 def sample_and_score(
-    sampler: Sampler, scorer: Scorer, tokenizer, problems: list[Problem], group: int, system_prompt,
-    temperature: float | None = None, seed: int | None = None,
-) -> tuple[Rollout, Scores]:  # fmt: skip
+    sampler: Sampler,
+    scorer: Scorer,
+    tokenizer,
+    problems: list[Problem],
+    group: int,
+    system_prompt,
+    temperature: float | None = None,
+    seed: int | None = None,
+) -> tuple[Rollout, Scores]:
     """Sample a group per problem and score every response (NaN where a reward failed).
 
     `temperature` and `seed` replace the training stream's for this call (evaluation)."""
@@ -47,18 +53,31 @@ def sample_and_score(
 
 
 def scored_chunks(
-    sampler: Sampler, scorer: Scorer, tokenizer, problems: list[Problem], group: int,
-    system_prompt, chunk_size: int, temperature: float | None = None, seed: int | None = None,
-) -> Iterator[tuple[list[Problem], Rollout, Scores]]:  # fmt: skip
+    sampler: Sampler,
+    scorer: Scorer,
+    tokenizer,
+    problems: list[Problem],
+    group: int,
+    system_prompt,
+    chunk_size: int,
+    temperature: float | None = None,
+    seed: int | None = None,
+) -> Iterator[tuple[list[Problem], Rollout, Scores]]:
     """`sample_and_score` over `problems`, `chunk_size` problems a call: yields each chunk
     with its rollout and scores. With `seed`, the chunk starting at problem i is sampled
     with seed + i, so a chunk's samples do not depend on the chunks before it."""
     for start in range(0, len(problems), chunk_size):
         chunk = problems[start : start + chunk_size]
         rollout, scores = sample_and_score(
-            sampler, scorer, tokenizer, chunk, group, system_prompt, temperature,
+            sampler,
+            scorer,
+            tokenizer,
+            chunk,
+            group,
+            system_prompt,
+            temperature,
             None if seed is None else seed + start,
-        )  # fmt: skip
+        )
         yield chunk, rollout, scores
 
 

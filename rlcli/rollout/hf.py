@@ -23,9 +23,14 @@ class HFSampler:
         pass
 
     def __init__(
-        self, model, tokenizer, temperature: float, top_p: float, max_new_tokens: int,
+        self,
+        model,
+        tokenizer,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
         gather=None,
-    ):  # fmt: skip
+    ):
         # `gather()`: a context in which a sharded model's own weights are whole (torchrun).
         self.gather = gather or contextlib.nullcontext
         self.model, self.tokenizer = model, tokenizer
@@ -45,9 +50,12 @@ class HFSampler:
         """`group_size` responses per prompt; `temperature` (0 = greedy) and `seed` replace
         the training ones for one call (evaluation), leaving the global generator as it was."""
         enc = self.tokenizer(
-            prompts, return_tensors="pt", padding=True, add_special_tokens=False,
+            prompts,
+            return_tensors="pt",
+            padding=True,
+            add_special_tokens=False,
             padding_side="left",
-        )  # fmt: skip
+        )
         enc = enc.to(self.model.device)
         temperature = self.temperature if temperature is None else temperature
         sampling = {"do_sample": True, "temperature": temperature, "top_p": self.top_p, "top_k": 0}

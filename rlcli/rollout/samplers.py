@@ -22,9 +22,14 @@ from rlcli.runtime import distributed
 
 class Sampler(Protocol):
     def sample(
-        self, prompts: list[str], group_size: int, prompt_ids: list[str], answers: list[str],
-        temperature: float | None = None, seed: int | None = None,
-    ) -> Rollout:  # fmt: skip
+        self,
+        prompts: list[str],
+        group_size: int,
+        prompt_ids: list[str],
+        answers: list[str],
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> Rollout:
         """`group_size` responses per prompt; `temperature` (0 = greedy) and `seed` replace
         the training stream's for one call (evaluation), leaving that stream where it was."""
 
@@ -67,9 +72,14 @@ def vllm_sampler(setup: SamplerSetup) -> Sampler:
 
     eos_ids = eos_token_ids(setup.tokenizer, setup.policy)
     sampler = VLLMSampler(
-        setup.model_path, setup.tokenizer, eos_ids, setup.cfg, setup.dtype, setup.device,
+        setup.model_path,
+        setup.tokenizer,
+        eos_ids,
+        setup.cfg,
+        setup.dtype,
+        setup.device,
         setup.seed,
-    )  # fmt: skip
+    )
     sampler.sync(setup.policy)  # a reused engine may hold another run's weights
     return sampler
 

@@ -109,9 +109,15 @@ class VLLMSampler:
     """Samples a group per prompt with vLLM; `sync(policy)` pushes the learner's weights."""
 
     def __init__(
-        self, model_path: str, tokenizer, eos_ids: set[int], cfg: SamplerConfig, dtype: str,
-        device: torch.device, seed: int,
-    ):  # fmt: skip
+        self,
+        model_path: str,
+        tokenizer,
+        eos_ids: set[int],
+        cfg: SamplerConfig,
+        dtype: str,
+        device: torch.device,
+        seed: int,
+    ):
         self.llm = engine(model_path, dtype, cfg, device)
         self.tokenizer, self.eos_ids, self.cfg = tokenizer, eos_ids, cfg
         self.device, self.seed = device, seed

@@ -20,9 +20,13 @@ class MetricsLog:
     showing the step, the `headline` metric and the seconds per step."""
 
     def __init__(
-        self, run_dir: Path, total_steps: int, progress: bool, headline="reward/mean",
+        self,
+        run_dir: Path,
+        total_steps: int,
+        progress: bool,
+        headline="reward/mean",
         first_step: int = 1,
-    ):  # fmt: skip
+    ):
         self.path, self.headline = run_dir / METRICS_FILE, headline
         if self.path.exists():
             # A resumed run redoes the steps after its checkpoint: drop their old rows.
@@ -32,9 +36,12 @@ class MetricsLog:
             tmp.replace(self.path)
         self.file = self.path.open("a")
         self.bar = tqdm(
-            total=total_steps, initial=first_step - 1, desc="train", unit="step",
+            total=total_steps,
+            initial=first_step - 1,
+            desc="train",
+            unit="step",
             disable=not progress,
-        )  # fmt: skip
+        )
 
     def log(self, metrics: dict) -> None:
         clean = {

@@ -140,7 +140,7 @@ class Tracker:
 
     def __init__(
         self, cfg: Config, run_dir: Path, headline: str = "reward/mean", first_step: int = 1
-    ):  # fmt: skip
+    ):
         self.run_dir = run_dir
         # W&B first: its start-up lines would otherwise break into the progress bar.
         self.remote = (

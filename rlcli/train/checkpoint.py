@@ -93,9 +93,16 @@ def remove_incomplete(run_dir: Path) -> list[str]:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model, tokenizer, tensors: dict, state: dict,
-    keep_last: int | None = None, extra_models: dict | None = None, weights: dict | None = None,
-) -> Path:  # fmt: skip
+    run_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    tensors: dict,
+    state: dict,
+    keep_last: int | None = None,
+    extra_models: dict | None = None,
+    weights: dict | None = None,
+) -> Path:
     """Write `checkpoints/step_{step}` atomically, then keep only the newest `keep_last`.
 
     `tensors` maps names to state dicts (optimiser, scheduler); `state` is JSON-ready;

@@ -119,9 +119,16 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
     policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     run = DpoRun(
-        cfg, model_path, device, tokenizer, policy, optimizer,
-        PromptStream(train_pairs, t.seed), cache, test_pairs,
-    )  # fmt: skip
+        cfg,
+        model_path,
+        device,
+        tokenizer,
+        policy,
+        optimizer,
+        PromptStream(train_pairs, t.seed),
+        cache,
+        test_pairs,
+    )
     if checkpoint is not None:
         state, tensors = load_checkpoint(checkpoint)
         run.optimizer.load_state_dict(tensors["optimizer"])
@@ -161,24 +168,37 @@ def train_step(run: DpoRun) -> dict[str, float]:
     pairs = run.pairs.take(t.prompts_per_step)
     run.optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(
-        ["loss", "reward/accuracy", "reward/margin", "reward/chosen", "reward/rejected",
-         "logp/chosen", "logp/rejected"], 0.0,
-    )  # fmt: skip
+        [
+            "loss",
+            "reward/accuracy",
+            "reward/margin",
+            "reward/chosen",
+            "reward/rejected",
+            "logp/chosen",
+            "logp/rejected",
+        ],
+        0.0,
+    )
     for first in range(0, len(pairs), t.micro_batch_size):
         chunk = pairs[first : first + t.micro_batch_size]
         batch = encode_pairs(run.tokenizer, chunk, run.cfg.algo.max_length, run.device)
-        logp, _ = token_logprobs(run.policy, batch.input_ids, batch.attention_mask,
-                                 batch.prompt_width)  # fmt: skip
+        logp, _ = token_logprobs(
+            run.policy, batch.input_ids, batch.attention_mask, batch.prompt_width
+        )
         seq = (logp * batch.response_mask).sum(-1)  # [2b]: chosen, then rejected
         ref = torch.tensor([run.reference[p.id] for p in chunk], device=run.device)
         n = len(chunk)
         loss, r_w, r_l = dpo_loss(seq[:n], seq[n:], ref[:, 0], ref[:, 1], beta)
         (loss.sum() / len(pairs)).backward()  # the mean over the step's pairs
         values = {
-            "loss": loss.detach(), "reward/accuracy": (r_w > r_l).float(),
-            "reward/margin": r_w - r_l, "reward/chosen": r_w, "reward/rejected": r_l,
-            "logp/chosen": seq[:n].detach(), "logp/rejected": seq[n:].detach(),
-        }  # fmt: skip
+            "loss": loss.detach(),
+            "reward/accuracy": (r_w > r_l).float(),
+            "reward/margin": r_w - r_l,
+            "reward/chosen": r_w,
+            "reward/rejected": r_l,
+            "logp/chosen": seq[:n].detach(),
+            "logp/rejected": seq[n:].detach(),
+        }
         for key, value in values.items():
             sums[key] += value.sum().item()
     limit = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
@@ -212,6 +232,11 @@ def save(run: DpoRun, run_dir: Path) -> Path:
     """Write a checkpoint: the policy, the optimiser, the data position and the RNG states."""
     state = {"data_position": run.pairs.position, "rng": rng_state()}
     return save_checkpoint(
-        run_dir, run.step, run.policy, run.tokenizer, {"optimizer": run.optimizer.state_dict()},
-        state, run.cfg.trainer.keep_last,
-    )  # fmt: skip
+        run_dir,
+        run.step,
+        run.policy,
+        run.tokenizer,
+        {"optimizer": run.optimizer.state_dict()},
+        state,
+        run.cfg.trainer.keep_last,
+    )

@@ -44,13 +44,25 @@ def pass_at_ks(correct: torch.Tensor) -> dict[str, float]:
 
 
 def evaluate(
-    sampler: Sampler, scorer: Scorer, tokenizer, problems: list[Problem], cfg: EvalConfig,
-    system_prompt: str | None, seed: int, progress: bool = False,
-) -> dict[str, float]:  # fmt: skip
+    sampler: Sampler,
+    scorer: Scorer,
+    tokenizer,
+    problems: list[Problem],
+    cfg: EvalConfig,
+    system_prompt: str | None,
+    seed: int,
+    progress: bool = False,
+) -> dict[str, float]:
     """Greedy accuracy and pass@k of the sampler's current weights on `problems`."""
     problems = problems[: cfg.max_problems] if cfg.max_problems else problems
-    each = dict(sampler=sampler, scorer=scorer, tokenizer=tokenizer, problems=problems,
-                system_prompt=system_prompt, chunk_size=cfg.prompts_per_batch)  # fmt: skip
+    each = dict(
+        sampler=sampler,
+        scorer=scorer,
+        tokenizer=tokenizer,
+        problems=problems,
+        system_prompt=system_prompt,
+        chunk_size=cfg.prompts_per_batch,
+    )
     # One greedy reply and k samples per problem, chunk by chunk (the samples' seeds are one
     # above the greedy ones).
     chunks = zip(

@@ -123,9 +123,13 @@ def lm_token_logprobs(
         use_cache=False,
     ).last_hidden_state[:, prompt_width - 1 : -1]  # [B, T, H]
     logp, entropy = chunked_logprob_entropy(
-        hidden.reshape(-1, hidden.shape[-1]), head.weight, tokens.reshape(-1), head.bias,
-        temperature, with_entropy=with_entropy,
-    )  # fmt: skip
+        hidden.reshape(-1, hidden.shape[-1]),
+        head.weight,
+        tokens.reshape(-1),
+        head.bias,
+        temperature,
+        with_entropy=with_entropy,
+    )
     return logp.view_as(tokens), entropy.view_as(tokens) if with_entropy else None
 
 
@@ -253,9 +257,17 @@ def learn(
             # Per-token advantages (GAE, process rewards) are cut to the micro-batch's width.
             adv = advantages[idx] if advantages.dim() == 1 else advantages[idx, :t]
             loss, sums = policy_objective(
-                obj, logp, old, ref, adv, mask, entropy, total_tokens, total_seqs,
+                obj,
+                logp,
+                old,
+                ref,
+                adv,
+                mask,
+                entropy,
+                total_tokens,
+                total_seqs,
                 sampled,
-            )  # fmt: skip
+            )
             loss.backward()
             loss = loss.detach()
             step_loss += loss.item()
@@ -293,9 +305,13 @@ def learn(
 def lm_loss(model, tokenizer, texts: list[str], max_length: int = 256) -> Tensor:
     """Mean next-token cross-entropy on plain text (PPO-ptx's pretraining term)."""
     enc = tokenizer(
-        texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
+        texts,
+        return_tensors="pt",
+        padding=True,
+        truncation=True,
+        max_length=max_length,
         padding_side="right",
-    )  # fmt: skip
+    )
     enc = enc.to(model.device)
     labels = enc.input_ids.masked_fill(enc.attention_mask == 0, -100)
     return model(**enc, labels=labels, use_cache=False).loss

@@ -53,9 +53,14 @@ def rl_held_out(run: rl.Run) -> dict[str, float]:
     if not t.eval_every or (run.step % t.eval_every and run.step != t.max_steps):
         return {}
     return evaluate(
-        run.sampler, run.scorer, run.tokenizer, run.test_problems, cfg.eval,
-        cfg.data.system_prompt, t.seed + EVAL_SEED,
-    )  # fmt: skip
+        run.sampler,
+        run.scorer,
+        run.tokenizer,
+        run.test_problems,
+        cfg.eval,
+        cfg.data.system_prompt,
+        t.seed + EVAL_SEED,
+    )
 
 
 TRAINERS: dict[str, Trainer] = {

@@ -116,10 +116,16 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
     sampler = make_sampler(
         SamplerSetup(
-            cfg.sampler, model_path, tokenizer, policy, device, compute, t.seed,
+            cfg.sampler,
+            model_path,
+            tokenizer,
+            policy,
+            device,
+            compute,
+            t.seed,
             learner if sharded else None,
         )
-    )  # fmt: skip
+    )
     optimizer = torch.optim.AdamW(learner.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     warmup_updates = t.warmup_steps * t.mini_batches * t.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -205,8 +211,15 @@ def save(run: Run, run_dir: Path) -> Path:
         weights, tensors["optimizer"] = distributed.full_state(run.learner, run.optimizer)
     if distributed.is_main():
         target = save_checkpoint(
-            run_dir, run.step, run.policy, run.tokenizer, tensors, state,
-            run.cfg.trainer.keep_last, extra, weights,
-        )  # fmt: skip
+            run_dir,
+            run.step,
+            run.policy,
+            run.tokenizer,
+            tensors,
+            state,
+            run.cfg.trainer.keep_last,
+            extra,
+            weights,
+        )
     distributed.barrier()
     return target

@@ -62,10 +62,13 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
 
     for _ in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
         batch, round_scores = sample_and_score(
-            run.sampler, timed_scorer, run.tokenizer,
-            run.prompts.take(P * world)[distributed.rank() :: world], G,
+            run.sampler,
+            timed_scorer,
+            run.tokenizer,
+            run.prompts.take(P * world)[distributed.rank() :: world],
+            G,
             run.cfg.data.system_prompt,
-        )  # fmt: skip
+        )
         rounds.append(round_scores)
         scores = round_scores.total
         informative = informative_groups(scores.view(P, G))
@@ -155,12 +158,19 @@ def train_step(run: Run) -> dict[str, float]:
     old_values = batch_values(run.critic, rollout, mbs) if run.critic is not None else None
     advantages, returns = ADVANTAGES[algo.advantage](
         AdvantageInputs(
-            scores=scores, kl_penalty=kl_penalty, mask=rollout.response_mask,
-            group_size=t.group_size, prompt_ids=rollout.prompt_ids, sas=run.sas,
-            values=old_values, step_rewards=rollout.step_rewards, gamma=algo.gamma,
-            lam=algo.lam, whiten=algo.whiten_advantages,
+            scores=scores,
+            kl_penalty=kl_penalty,
+            mask=rollout.response_mask,
+            group_size=t.group_size,
+            prompt_ids=rollout.prompt_ids,
+            sas=run.sas,
+            values=old_values,
+            step_rewards=rollout.step_rewards,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            whiten=algo.whiten_advantages,
         )
-    )  # fmt: skip
+    )
     advantages = advantages.to(run.device)
     batch = TrainBatch(rollout, scores, advantages, old_logp, ref_logp, returns, old_values)
     responses_with_signal = (advantages.abs().reshape(len(rollout.texts), -1).amax(-1) > 0).float()
