@@ -25,6 +25,9 @@ commands:
             rlcli pairs data=... model=... reward=... [pairs.k=8]
   eval      held-out accuracy (greedy) and pass@k of a model: writes eval.json
             rlcli eval model.path=... data=... [eval.k=8]
+  rollout-server
+            a vLLM rollout worker for learners elsewhere (sampler.urls=[http://HOST:PORT]):
+            rlcli rollout-server model=... [sampler.serve_port=8000]
   plot      redraw the curves of runs side by side: rlcli plot RUN_DIR... [--out FILE]
   recipes   list the paper setups in recipes/: rlcli train recipe=NAME runs one
 
@@ -33,6 +36,8 @@ examples:
   rlcli train model=tiny reward=space_rate     a quick run on a tiny random model
   rlcli train -m trainer.lr=1e-6,3e-6          a sweep (Hydra multirun)
   rlcli filter data=gsm8k filter.k=16          keep the prompts SmolLM2 does not always solve
+  rlcli train sampler.workers=1 sampler.async_rollout=true
+                                               sample in a worker process, one step ahead
   rlcli pairs pairs.out=p.jsonl && rlcli train algo=dpo data=pairs data.path=p.jsonl
 """
 
@@ -107,6 +112,12 @@ def _recipes(argv: list[str]) -> None:
     recipes_command(argv)
 
 
+def _rollout_server(cfg, run_dir: Path) -> None:
+    from rlcli.rollout_server import serve
+
+    serve(cfg, run_dir)
+
+
 def _filter(cfg, run_dir: Path) -> None:
     from rlcli.filter import filter_dataset
 
@@ -118,7 +129,8 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     import hydra
 
     from rlcli.config import CONF_DIR, ConfigError
-    from rlcli.config.validate import check_overrides, with_default_sampler
+    from rlcli.config.overrides import check_overrides
+    from rlcli.config.validate import with_default_sampler
     from rlcli.recipes import check_recipe_choices, register_recipes
 
     # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how). An
@@ -152,6 +164,7 @@ COMMANDS = {
     "filter": lambda argv: _hydra_command("filter", _filter, argv),
     "pairs": lambda argv: _hydra_command("pairs", _pairs, argv),
     "eval": lambda argv: _hydra_command("eval", _eval, argv),
+    "rollout-server": lambda argv: _hydra_command("rollout-server", _rollout_server, argv),
     "plot": _plot,
     "recipes": _recipes,
 }

@@ -3,6 +3,8 @@ and the learner's achieved FLOP/s as a share of this machine's measured matmul p
 
     .venv/bin/python scripts/bench.py                       # GRPO, SmolLM2-135M, 4 x 4 x <=48
     .venv/bin/python scripts/bench.py algo=dapo --steps 6
+    .venv/bin/python scripts/bench.py --shape worker       # sampling in a vLLM worker process
+    .venv/bin/python scripts/bench.py --shape async        # ... one step ahead of the learner
     torchrun --nproc_per_node 2 scripts/bench.py sampler=hf  # data-parallel
 
 Arguments other than --steps and --warmup are rlcli config overrides. The first `--warmup`
@@ -28,7 +30,15 @@ from rlcli.runtime.models import compute_dtype
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.loop import train
 
-PHASES = ["sample", "reward", "logprobs", "advantages", "learn", "sync", "step"]
+PHASES = ["sample", "reward", "logprobs", "advantages", "learn", "sync", "rollout_wait", "step"]
+
+# Where sampling runs (README, "Scaling out"): the engine in the learner's process, one vLLM
+# worker process, or that worker generating the next batch while the learner trains.
+SHAPES = {
+    "colocated": ["sampler=vllm"],
+    "worker": ["sampler.workers=1"],
+    "async": ["sampler.workers=1", "sampler.async_rollout=true"],
+}
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -57,7 +67,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="steps counted")
     parser.add_argument("--warmup", type=int, default=1, help="steps run first, not counted")
+    parser.add_argument("--shape", choices=list(SHAPES), default=None, help="where sampling runs")
     args, overrides = parser.parse_known_args()
+    overrides = [*SHAPES.get(args.shape, []), *overrides]
     total = args.warmup + args.steps
     cfg = compose(
         ["logger.progress=false", "trainer.save_every=0", *overrides,
@@ -90,6 +102,13 @@ def main() -> None:
     peak = matmul_peak(device, getattr(torch, compute)) * world
     report = {
         "steps": len(rows),
+        "shape": args.shape or "as configured",
+        # The step time's median and range over the counted steps (the mean is seconds/step).
+        "step_median_s": round(statistics.median(r["time/step"] for r in rows), 3),
+        "step_range_s": [
+            round(min(r["time/step"] for r in rows), 3),
+            round(max(r["time/step"] for r in rows), 3),
+        ],
         "world_size": world,
         "compute_dtype": compute,
         **{f"seconds/{p}": round(mean(f"time/{p}"), 3) for p in PHASES},

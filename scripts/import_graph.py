@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "rlcli.sweep",
             "rlcli.plot",
             "rlcli.recipes",
+            "rlcli.rollout_server",
         ],
     ),  # fmt: skip
     ("entry", ["rlcli.cli", "rlcli.__main__", "rlcli"]),

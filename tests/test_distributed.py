@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -118,3 +119,27 @@ def test_torchrun_trains_with_one_log_and_one_checkpoint(tmp_path):
     assert set(saved) <= set(model.state_dict())
     before = load_file(run_dir / "checkpoints" / "step_1" / "model.safetensors")
     assert any(not torch.equal(saved[k], before[k]) for k in saved)
+
+
+@pytest.mark.parametrize(
+    "shape", [["sampler=vllm"], ["sampler.workers=1"]], ids=["colocated", "worker"]
+)
+def test_two_gloo_ranks_sample_with_the_weights_they_just_learned(tmp_path, shape):
+    # Colocated: every rank runs its own vLLM engine and streams its gathered parameters into
+    # it. Worker: rank 0 starts one vLLM server that both ranks sample from, and the weights
+    # go to it over the gloo weight-transfer backend. Either way, in float32 the engine's
+    # log-probs must match the learner's to rounding at every step while a high learning rate
+    # moves the policy far from where it started (the KL to the reference), so an engine
+    # left with older weights fails.
+    run_dir = tmp_path / "run"
+    out = torchrun(
+        "-m", "rlcli", "train", "model=tiny", "reward=space_rate", *shape,
+        "trainer.max_steps=3", "trainer.lr=5e-2", "trainer.bf16_autocast=false",
+        "trainer.dtype=float32", "trainer.prompts_per_step=8", "sampler.max_new_tokens=16",
+        "trainer.save_every=0", "logger.progress=false", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rollout/logp_abs_diff"] < 1e-3 for r in rows), rows
+    assert rows[-1]["kl"] > 100 * 1e-3

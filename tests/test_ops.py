@@ -457,3 +457,47 @@ def test_explained_variance():
     # R - V = (0, 0, -1): var 2/9; var R over 1,2,3 = 2/3
     assert close(explained_variance(values, returns, mask), 1 - (2 / 9) / (2 / 3))
     assert torch.isnan(explained_variance(values, torch.ones(1, 4), mask))
+
+
+def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one():
+    # sampler.async_rollout sets sampler.old_logp=sampler: each token's loss is weighted by
+    # min(exp(learner - sampler), cap). When the batch was sampled with the learner's own
+    # weights (staleness 0, no rounding gap) the weight is exactly 1, so the loss and its
+    # gradient equal those of the synchronous objective bit for bit.
+    from rlcli.config.validate import section
+    from rlcli.ops.objective import policy_objective
+    from rlcli.train.learner import objective_from_config
+
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(4, 6, generator=g) * 3
+    mask = (torch.rand(4, 6, generator=g) > 0.2).float()
+    adv, entropy = torch.randn(4, generator=g), torch.rand(4, 6, generator=g)
+    algo = section("algo", "grpo", beta=0.0)
+    results = []
+    for old_logp in ("learner", "sampler"):
+        obj = objective_from_config(algo, section("sampler", "vllm", old_logp=old_logp), 6)
+        logp = old + 0.1 * torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
+        logp.requires_grad_(True)
+        loss, _ = policy_objective(obj, logp, old, None, adv, mask, entropy, mask.sum(), 4, old)
+        loss.backward()
+        results.append((loss.detach(), logp.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    # ... and a stale batch (the sampler one update behind) is weighted differently.
+    obj = objective_from_config(algo, section("sampler", "vllm", old_logp="sampler"), 6)
+    stale, _ = policy_objective(
+        obj,
+        old.clone().requires_grad_(True),
+        old,
+        None,
+        adv,
+        mask,
+        entropy,
+        mask.sum(),
+        4,
+        old - 0.3 * mask,
+    )
+    same, _ = policy_objective(
+        obj, old.clone().requires_grad_(True), old, None, adv, mask, entropy, mask.sum(), 4, old
+    )
+    assert not torch.equal(stale, same)

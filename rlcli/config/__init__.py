@@ -3,7 +3,8 @@
 `schema` holds the typed dataclasses every room reads (`Config`, `AlgoConfig`, ...) and
 `ConfigError`; it imports nothing of rlcli, so any module may import it (this package
 re-exports it). `validate` checks a composed Hydra config against the schema and the
-registries (`validate`, `compose`, `check_overrides`); only the entry points import it.
+registries (`validate`, `compose`); only the entry points import it. `overrides` checks a
+command line's keys and group choices before Hydra composes, from the schema alone.
 Defaults live in `conf/` alone, each field documented by the comment above it there.
 """
 

@@ -99,6 +99,13 @@ class SamplerConfig:
     tensor_parallel_size: int = MISSING
     cpu_kv_cache_gb: float = MISSING
     enforce_eager: bool | None = MISSING
+    # rollout workers (vLLM servers in processes of their own)
+    workers: int = MISSING
+    urls: list[str] = MISSING
+    async_rollout: bool = MISSING
+    transfer_address: str = MISSING
+    worker_timeout_s: float = MISSING
+    serve_port: int = MISSING
 
 
 @dataclass

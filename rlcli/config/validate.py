@@ -3,21 +3,18 @@
 Above every registry, whose keys are the valid choices (`ADVANTAGES`, `RATIOS`, `SURROGATES`,
 `DATASETS`, `COMPONENTS`, `SAMPLERS`, `TRAINERS`, ...), below the entry points that call it.
 `validate` returns the typed config or raises `ConfigError` with a message meant for the user
-(cli.py prints it without a traceback); `check_overrides` names a bad group choice or key
-before Hydra composes; `compose` is the config `rlcli train OVERRIDES` would run, for Python;
-`section` is one group's typed values.
+(cli.py prints it without a traceback); `compose` is the config `rlcli train OVERRIDES` would
+run, for Python; `section` is one group's typed values.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import math
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -199,6 +196,19 @@ def _check_ranges(cfg: Config) -> None:
             f"sampler.tis_cap={s.tis_cap} is not allowed: the truncation cap C of the "
             "importance weights must be >= 1 (2 is the usual choice)."
         )
+    remote = s.workers > 0 or bool(s.urls)
+    if s.workers < 0 or (remote and s.name != "vllm"):
+        raise ConfigError(
+            f"sampler.workers={s.workers} / sampler.urls={list(s.urls)}: rollout workers are "
+            "vLLM servers, so they need sampler=vllm and sampler.workers >= 0 (0 = the engine "
+            "runs in the learner's process)."
+        )
+    if s.async_rollout and not remote:
+        raise ConfigError(
+            "sampler.async_rollout=true needs rollout workers (sampler.workers=K or "
+            "sampler.urls=[...]): an engine in the learner's process cannot sample while it "
+            "learns."
+        )
     if s.name == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "sampler=vllm needs vLLM, which is not installed. Install the extra for your "
@@ -300,56 +310,6 @@ def _check_world(cfg: Config) -> None:
             )
 
 
-def group_choices(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
-    """Each config group of conf/ (algo, reward, ...) and its choices (the YAML file names)."""
-    return {
-        d.name: sorted(f.stem for f in d.glob("*.yaml"))
-        for d in sorted(conf_dir.iterdir())
-        if d.is_dir() and any(d.glob("*.yaml"))
-    }
-
-
-def unknown_key_message(key: str) -> str | None:
-    """None when `key` (dotted) is a field of the config; else a message naming the valid keys."""
-    node, parts = Config(), key.split(".")
-    for depth, part in enumerate(parts):
-        where = ".".join(parts[:depth]) or "the config"
-        if not dataclasses.is_dataclass(node):
-            return f"{key} is not a config key: {where} is a value, not a section."
-        valid = sorted(f.name for f in dataclasses.fields(node))
-        if part not in valid:
-            close = difflib.get_close_matches(part, valid, n=1)
-            hint = f" Did you mean {'.'.join([*parts[:depth], close[0]])}?" if close else ""
-            return (
-                f"{key} is not a config key: {where} has no {part!r}.{hint} Valid keys of "
-                f"{where}: {', '.join(valid)}."
-            )
-        node = getattr(node, part)
-    return None
-
-
-def check_overrides(overrides: Sequence[str]) -> None:
-    """Raise ConfigError for a group choice that does not exist or a key that is not in the
-    config, before Hydra composes (whose own messages span many lines)."""
-    groups = group_choices()
-    for override in overrides:
-        key, sign, value = override.partition("=")
-        key = key.lstrip("+")
-        if not sign or key.startswith(("hydra", "~", "-")) or "@" in key or key == "recipe":
-            continue
-        if key in groups:
-            # A sweep (-m) lists choices with commas; other sweep syntax is left to Hydra.
-            chosen = [] if "(" in value else value.split(",")
-            for name in chosen:
-                if name not in groups[key] and name != "null":
-                    raise ConfigError(
-                        f"{key}={name} is not one of the valid choices for {key}: "
-                        f"{', '.join(groups[key])}."
-                    )
-        elif (message := unknown_key_message(key)) is not None:
-            raise ConfigError(message)
-
-
 def validate(raw: DictConfig) -> Config:
     """Check types, unknown keys and allowed values; return the typed config object."""
     try:
@@ -367,6 +327,9 @@ def validate(raw: DictConfig) -> Config:
             valid = ", ".join(allowed)
             raise ConfigError(f"{key}={value!r} is not one of the valid choices: {valid}.")
     _check_ranges(cfg)
+    if cfg.sampler.async_rollout:
+        # A batch one update old: the sampler, not the learner, is its behaviour policy.
+        cfg.sampler.old_logp = "sampler"
     return cfg
 
 

@@ -22,6 +22,9 @@ class HFSampler:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def __init__(
         self,
         model,

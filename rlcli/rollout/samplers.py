@@ -40,6 +40,9 @@ class Sampler(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
+    def metrics(self) -> dict[str, float]:
+        """What the sampler reports about the batch it returned last (none for most)."""
+
 
 @dataclass(frozen=True)
 class SamplerSetup:
@@ -68,9 +71,18 @@ def hf_sampler(setup: SamplerSetup) -> Sampler:
 
 
 def vllm_sampler(setup: SamplerSetup) -> Sampler:
+    eos_ids = eos_token_ids(setup.tokenizer, setup.policy)
+    if setup.cfg.workers or setup.cfg.urls:  # vLLM servers in processes of their own
+        from rlcli.rollout.workers import WorkerSampler
+
+        sampler = WorkerSampler(
+            setup.model_path, setup.tokenizer, eos_ids, setup.cfg, setup.dtype, setup.device
+        )
+        sampler.sync(setup.policy)  # workers start from the model's file; a resumed run's
+        return sampler  # weights differ
+
     from rlcli.rollout.vllm_engine import VLLMSampler
 
-    eos_ids = eos_token_ids(setup.tokenizer, setup.policy)
     sampler = VLLMSampler(
         setup.model_path,
         setup.tokenizer,

@@ -14,6 +14,7 @@ pushes its own initial weights into it before sampling anyway.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -90,17 +91,21 @@ def release_engine() -> None:
             torch.cuda.empty_cache()
 
 
-def _load_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+def _load_weights(worker, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Runs inside the engine's worker: load checkpoint-format weights in place."""
     runner = worker.model_runner
     if not hasattr(runner, "reload_weights"):  # vLLM releases before in-place reload
         runner.model.load_weights(weights)
         return
-    runner.reload_weights(weights_iterator=iter(weights))
-    # vLLM's CPU backend packs the LM head's weight for its GEMM kernel at load time. A head
-    # tied to the embedding receives no weight of its own here, so its packed copy would keep
-    # the old values: re-pack it from the (now updated) shared tensor.
-    head = getattr(runner.get_model(), "lm_head", None)
+    runner.reload_weights(weights_iterator=weights)
+    repack_tied_head(runner.get_model())
+
+
+def repack_tied_head(model: torch.nn.Module) -> None:
+    """vLLM's CPU backend packs the LM head's weight for its GEMM kernel at load time. A head
+    tied to the embedding receives no weight of its own in an update, so its packed copy
+    would keep the old values: re-pack it from the (now updated) shared tensor."""
+    head = getattr(model, "lm_head", None)
     if head is not None and hasattr(head, "cpu_linear"):
         head.quant_method.process_weights_after_loading(head)
 
@@ -131,6 +136,9 @@ class VLLMSampler:
     def load_state_dict(self, state: dict) -> None:
         self.calls = state["calls"]
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def _wake(self) -> None:
         if self.asleep:
             self.llm.wake_up()
@@ -139,7 +147,8 @@ class VLLMSampler:
     def sync(self, policy: torch.nn.Module) -> None:
         """Load the learner's current weights into the engine; drop caches built from old ones."""
         self._wake()
-        weights = distributed.full_parameters(policy)  # whole tensors, also when sharded
+        # Streamed: each parameter is gathered (when sharded) as the engine loads it.
+        weights = distributed.full_parameters(policy)
         self.llm.collective_rpc(_load_weights, args=(weights,))
         self.llm.reset_prefix_cache()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import NoReturn
@@ -116,15 +117,15 @@ def gathered(root: nn.Module):
         root.reshard()
 
 
-def full_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(name, whole tensor) of every parameter, gathered from the shards on every rank."""
-    out = []
+def full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) of every parameter in turn, each gathered from its shards only when
+    it is reached (a collective: every rank must iterate), so a sharded model is never held
+    whole: at most one gathered parameter beside the shards."""
     for name, param in model.named_parameters():
         tensor = param.detach()
         if hasattr(tensor, "full_tensor"):  # a DTensor shard
             tensor = tensor.full_tensor()
-        out.append((name, tensor))
-    return out
+        yield name, tensor
 
 
 def full_state(root: nn.Module, optimizer) -> tuple[dict, dict]:
@@ -203,3 +204,12 @@ def mean_metrics(metrics: dict) -> dict:
 def barrier() -> None:
     if world_size() > 1:
         dist.barrier()
+
+
+def from_main(value):
+    """Rank 0's `value` on every rank (any picklable object); `value` itself in one process."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

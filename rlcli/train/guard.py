@@ -18,6 +18,7 @@ from pathlib import Path
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 # A run stopped by non-finite steps exits with this code.
 EXIT_BAD_STEPS = 3
+EXIT_WORKER_LOST = 4
 
 
 class RunStopped(Exception):

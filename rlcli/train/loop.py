@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.config import Config
+from rlcli.rollout.servers import WorkerLost
 from rlcli.runtime import distributed
 from rlcli.tracking.trackers import NoTracker, Tracker
 from rlcli.train import dpo
 from rlcli.train import run as rl
 from rlcli.train import step as rl_step
 from rlcli.train.checkpoint import remove_incomplete, resume_point
-from rlcli.train.guard import LoopGuard
+from rlcli.train.guard import EXIT_WORKER_LOST, LoopGuard, RunStopped, resume_command
 from rlcli.train.held_out import EVAL_SEED, evaluate
 
 
@@ -85,6 +86,20 @@ TRAINERS: dict[str, Trainer] = {
 }
 
 
+def worker_lost(lost: WorkerLost, run, trainer: Trainer, tracker, run_dir: Path) -> RunStopped:
+    """Save the last completed step, then the message that ends the run."""
+    run.step += lost.after_update
+    saved = trainer.save(run, run_dir)
+    tracker.finish()
+    return RunStopped(
+        f"{lost} The run stopped after step {run.step} and saved it in {saved}. Fix what "
+        "stopped the worker (memory, a node gone; servers named in sampler.urls must be "
+        "started again by hand; local ones start with the run), then resume with:\n  "
+        f"{resume_command(run_dir)}",
+        EXIT_WORKER_LOST,
+    )
+
+
 def train(cfg: Config, run_dir: Path) -> Path:
     """Run steps up to `cfg.trainer.max_steps`, writing metrics and checkpoints under
     `run_dir`; continue a run from its checkpoint as `trainer.resume` says. Returns the path
@@ -113,7 +128,10 @@ def train(cfg: Config, run_dir: Path) -> Path:
         tracker.write(line)
     with LoopGuard(t.max_bad_steps, tracker.write) as guard:
         while run.step < t.max_steps:
-            metrics, samples = trainer.train_step(run)
+            try:
+                metrics, samples = trainer.train_step(run)
+            except WorkerLost as lost:
+                raise worker_lost(lost, run, trainer, tracker, run_dir) from None
             run.step += 1
             # Under torchrun: averaged over the ranks (times: the slowest rank's).
             metrics = distributed.mean_metrics({"step": run.step, **metrics})

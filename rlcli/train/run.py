@@ -70,6 +70,8 @@ class Run:
     ptx_texts: list[str]
     rng: random.Random  # DUPO's choice of groups to duplicate, ptx batches
     step: int = 0  # optimiser steps done (more than 0 when resumed from a checkpoint)
+    # Problems of the next step, drawn early when the rollout workers sample ahead
+    next_problems: list[Problem] | None = None
 
 
 def setup(cfg: Config, checkpoint: Path | None = None) -> Run:

@@ -16,10 +16,12 @@ import time
 import torch
 
 from rlcli.config import ConfigError
+from rlcli.data.problems import render_prompt
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
 from rlcli.rewards.sampling import sample_and_score
 from rlcli.rewards.scorer import Scores, nanmean
 from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
+from rlcli.rollout.servers import WorkerLost
 from rlcli.runtime import distributed
 from rlcli.runtime.models import autocast
 from rlcli.train.batch import TrainBatch
@@ -61,13 +63,11 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
         return scores
 
     for _ in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
+        # The first round's problems were drawn a step early when the workers sample ahead.
+        problems = run.next_problems or run.prompts.take(P * world)[distributed.rank() :: world]
+        run.next_problems = None
         batch, round_scores = sample_and_score(
-            run.sampler,
-            timed_scorer,
-            run.tokenizer,
-            run.prompts.take(P * world)[distributed.rank() :: world],
-            G,
-            run.cfg.data.system_prompt,
+            run.sampler, timed_scorer, run.tokenizer, problems, G, run.cfg.data.system_prompt
         )
         rounds.append(round_scores)
         scores = round_scores.total
@@ -113,11 +113,26 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     return batch, scores, metrics
 
 
+def prefetch_next(run: Run) -> None:
+    """Have the rollout workers start on the next step's batch (sampler.async_rollout): they
+    generate it with the weights they hold while the learner trains on this one."""
+    t, world = run.cfg.trainer, distributed.world_size()
+    problems = run.prompts.take(t.prompts_per_step)[distributed.rank() :: world]
+    run.next_problems = problems
+    prompts = [
+        render_prompt(run.tokenizer, p.question, run.cfg.data.system_prompt) for p in problems
+    ]
+    ids, answers = [p.id for p in problems], [p.answer for p in problems]
+    run.sampler.prefetch(prompts, t.group_size, ids, answers)
+
+
 def train_step(run: Run) -> dict[str, float]:
     """One step: sample, score, update. Returns the step's metrics (times in seconds)."""
     t, algo = run.cfg.trainer, run.cfg.algo
     start = time.perf_counter()
     rollout, scores, metrics = collect_batch(run)
+    if run.cfg.sampler.async_rollout and run.step + 1 < t.max_steps:
+        prefetch_next(run)
     sampled = time.perf_counter()
 
     lengths = rollout.lengths.float()
@@ -198,8 +213,13 @@ def train_step(run: Run) -> dict[str, float]:
                 )
             )
     learned = time.perf_counter()
-    run.sampler.sync(run.policy)  # the next batch is sampled with the updated weights
+    try:
+        run.sampler.sync(run.policy)  # the next batch is sampled with the updated weights
+    except WorkerLost as lost:
+        lost.after_update = True  # this step's update is in the learner: save it as done
+        raise
     synced = time.perf_counter()
+    metrics.update(run.sampler.metrics())
 
     kl_now = epochs[-1].get("kl", metrics.get("kl"))
     if algo.kl_target and kl_now is not None and math.isfinite(kl_now):

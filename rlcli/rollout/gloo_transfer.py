@@ -1,0 +1,204 @@
+"""`gloo`: a CPU backend for vLLM's weight-transfer API, so rollout workers on CPU take the
+learner's weights the way CUDA workers take them over NCCL.
+
+vLLM's RL API moves weights from a trainer to inference engines in four calls
+(`init_weight_transfer_engine`, then per update `start_weight_update`, `update_weights`,
+`finish_weight_update`) and leaves the transport to a backend from a registry; the built-in
+ones (`nccl`, `ipc`, ...) need CUDA. This module registers `gloo` on both sides of that
+registry: the worker side (`GlooWorkerEngine`, run inside each vLLM engine) and the learner
+side (`GlooLearnerEngine`, run by rlcli). The learner is rank 0 of a process group of its
+own with the K workers at ranks 1..K; each update broadcasts the parameters one at a time,
+so neither side holds more than one extra tensor, and the workers load them with vLLM's
+layerwise reload.
+
+vLLM imports this module in every process it starts through the `vllm.general_plugins`
+entry point in pyproject.toml (`register`), so a `vllm serve` in the same environment
+accepts `--weight-transfer-config '{"backend": "gloo"}'`.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+import torch
+from vllm.distributed.utils import (
+    stateless_destroy_torch_distributed_process_group,
+    stateless_init_torch_distributed_process_group,
+)
+from vllm.distributed.weight_transfer.base import (
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import (
+    WeightTransferEngineFactory,
+    WeightTransferTrainerFactory,
+)
+
+from rlcli.rollout.vllm_engine import repack_tied_head
+
+BACKEND = "gloo"
+
+
+def register() -> None:
+    """Add `gloo` to vLLM's two weight-transfer registries (once per process)."""
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, GlooWorkerEngine)
+    if BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(BACKEND, GlooLearnerEngine)
+
+
+def _group(address: str, port: int, rank: int, world_size: int):
+    # vLLM's helper: a gloo group that leaves torch's default group (torchrun's) alone. Under
+    # torchrun, torch's tcp:// rendezvous would join the launcher's store instead of hosting
+    # this group's own, which the workers are waiting at.
+    agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    try:
+        return stateless_init_torch_distributed_process_group(
+            address, port, rank, world_size, backend="gloo"
+        )
+    finally:
+        if agent_store is not None:
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
+
+
+@dataclass
+class GlooWorkerInit(WeightTransferInitInfo):
+    """What a worker needs to join the learner's group."""
+
+    master_address: str
+    master_port: int
+    rank: int  # this worker's rank in the group (the learner is 0)
+    world_size: int  # the learner and every worker
+
+
+@dataclass
+class GlooUpdate(WeightTransferUpdateInfo):
+    """One update: the parameters that follow, in broadcast order."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+
+class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
+    """Inside a vLLM engine: receive each broadcast tensor and load it."""
+
+    init_info_cls = GlooWorkerInit
+    update_info_cls = GlooUpdate
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group = None
+
+    def init_transfer_engine(self, init_info: GlooWorkerInit) -> None:
+        self.group = _group(
+            init_info.master_address, init_info.master_port, init_info.rank, init_info.world_size
+        )
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def receive_weights(self, update_info: GlooUpdate) -> None:
+        if self.group is None:
+            raise RuntimeError("gloo weight transfer used before init_weight_transfer_engine")
+        for name, dtype_name, shape in zip(
+            update_info.names, update_info.dtype_names, update_info.shapes, strict=True
+        ):
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
+            self.group.broadcast(tensor, 0).wait()
+            self.model.load_weights([(name, tensor)])
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        repack_tied_head(self.model)
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            stateless_destroy_torch_distributed_process_group(self.group)
+            self.group = None
+
+
+@dataclass
+class GlooLearnerInit(TrainerInitInfo):
+    """The learner's side of the rendezvous: it hosts the group's store at this address."""
+
+    backend: ClassVar[str] = BACKEND
+    master_address: str
+    master_port: int
+    world_size: int  # the learner and every worker
+
+
+class GlooLearnerEngine(TrainerWeightTransferEngine[GlooLearnerInit]):
+    """In the learner: broadcast the source's tensors to every worker, one at a time.
+
+    `client` fans the control calls out to the workers; its `init_weight_transfer_engine`
+    takes the group's rank of each worker itself (`WorkerClients.init_weight_transfer_engine`).
+    Every learner rank under torchrun iterates the source (gathering a sharded parameter is
+    a collective); only rank 0 sends.
+    """
+
+    init_info_cls = GlooLearnerInit
+
+    @classmethod
+    def trainer_init(cls, init_info: GlooLearnerInit, *, client, source=None):
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender)
+        engine.group = None
+        if not engine.is_sender:
+            return engine
+        worker = {
+            "master_address": init_info.master_address,
+            "master_port": init_info.master_port,
+            "world_size": init_info.world_size,
+        }
+        # Workers block in their rendezvous until the learner joins it too.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            joined = pool.submit(client.init_weight_transfer_engine, worker)
+            engine.group = _group(
+                init_info.master_address, init_info.master_port, 0, init_info.world_size
+            )
+            joined.result()
+        return engine
+
+    def send_weights(self) -> None:
+        """One full update: start, broadcast every parameter, finish."""
+        meta = self.source.metadata()
+        if not self.is_sender:
+            for _ in self.source:  # join the gathers of sharded parameters
+                pass
+            return
+        update = GlooUpdate(
+            names=[m.name for m in meta],
+            dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+            shapes=[list(m.shape) for m in meta],
+        )
+        self.client.start_weight_update()
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            # The workers' update_weights call returns only once they have received
+            # everything, so it runs beside the broadcast.
+            received = pool.submit(self.client.update_weights, asdict(update))
+            for (name, tensor), m in zip(self.source, meta, strict=True):
+                if name != m.name:
+                    raise RuntimeError(f"weight source yielded {name!r}, expected {m.name!r}")
+                tensor = tensor.detach().to("cpu").contiguous()
+                self.group.broadcast(tensor, 0).wait()
+            received.result()
+        finally:
+            pool.shutdown(wait=False)  # a failed broadcast leaves the worker call hanging
+        self.client.finish_weight_update()
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            stateless_destroy_torch_distributed_process_group(self.group)
+            self.group = None

