@@ -110,7 +110,8 @@ def test_bad_values_exit_2_with_a_message_and_no_traceback(tmp_path):
     out = rlcli("frobnicate")
     assert (
         out.returncode == 2
-        and "valid commands: train, filter, pairs, eval, plot, recipes" in out.stderr
+        and "valid commands: train, filter, pairs, eval, rollout-server, plot, recipes"
+        in out.stderr
     )
 
 
