@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlcli.config import ConfigError, SamplerConfig
+
 
 @dataclass
 class Rollout:
@@ -162,3 +164,17 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
         sampler_logp=None if batch.sampler_logp is None else batch.sampler_logp[dev],
         step_rewards=None if batch.step_rewards is None else batch.step_rewards[dev],
     )
+
+
+def encode_prompts(tokenizer, prompts: list[str], cfg: SamplerConfig) -> list[list[int]]:
+    """The token ids a vLLM engine samples from, each checked to fit its context with room
+    for the response."""
+    encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    for ids in encoded:
+        if len(ids) + cfg.max_new_tokens > cfg.max_model_len:
+            raise ConfigError(
+                f"A prompt of {len(ids)} tokens plus sampler.max_new_tokens="
+                f"{cfg.max_new_tokens} exceeds sampler.max_model_len={cfg.max_model_len}; "
+                "raise sampler.max_model_len or shorten the prompts."
+            )
+    return encoded

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import torch
 
-from rlcli.config import ConfigError, SamplerConfig
-from rlcli.rollout.batch import Rollout, rollout_from_tokens
+from rlcli.config import SamplerConfig
+from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
 from rlcli.runtime import distributed
 
 _engine: tuple[tuple, object] | None = None  # (settings key, vllm.LLM) of the live engine
@@ -170,14 +170,7 @@ class VLLMSampler:
 
         self._wake()
         c = self.cfg
-        encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-        for ids in encoded:
-            if len(ids) + c.max_new_tokens > c.max_model_len:
-                raise ConfigError(
-                    f"A prompt of {len(ids)} tokens plus sampler.max_new_tokens="
-                    f"{c.max_new_tokens} exceeds sampler.max_model_len={c.max_model_len}; "
-                    "raise sampler.max_model_len or shorten the prompts."
-                )
+        encoded = encode_prompts(self.tokenizer, prompts, c)
         params = SamplingParams(
             n=group_size,
             temperature=c.temperature if temperature is None else temperature,

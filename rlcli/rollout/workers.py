@@ -27,7 +27,7 @@ import requests
 import torch
 
 from rlcli.config import ConfigError, SamplerConfig
-from rlcli.rollout.batch import Rollout, rollout_from_tokens
+from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
 from rlcli.rollout.servers import (
     LocalWorkers,
     WorkerClients,
@@ -182,14 +182,7 @@ class WorkerSampler:
     def _sample(self, prompts, group_size, prompt_ids, answers, temperature):
         c = self.cfg
         version = self.version
-        encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-        for ids in encoded:
-            if len(ids) + c.max_new_tokens > c.max_model_len:
-                raise ConfigError(
-                    f"A prompt of {len(ids)} tokens plus sampler.max_new_tokens="
-                    f"{c.max_new_tokens} exceeds sampler.max_model_len={c.max_model_len}; "
-                    "raise sampler.max_model_len or shorten the prompts."
-                )
+        encoded = encode_prompts(self.tokenizer, prompts, c)
         params = {
             "n": group_size,
             "temperature": c.temperature if temperature is None else temperature,
