@@ -134,7 +134,9 @@ def test_a_killed_worker_stops_the_run_with_a_checkpoint_to_resume_from(tiny_mod
             assert time.monotonic() < deadline
             time.sleep(0.5)
         for pid in worker_pids() - before:
-            os.kill(pid, signal.SIGKILL)  # as the out-of-memory killer would
+            # The whole worker (server, engine core, model runner), as a lost node or
+            # container would go.
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import ClassVar
 
 import torch
@@ -53,14 +54,14 @@ def register() -> None:
         WeightTransferTrainerFactory.register_engine(BACKEND, GlooLearnerEngine)
 
 
-def _group(address: str, port: int, rank: int, world_size: int):
+def _group(address: str, port: int, rank: int, world_size: int, timeout_s: float):
     # vLLM's helper: a gloo group that leaves torch's default group (torchrun's) alone. Under
     # torchrun, torch's tcp:// rendezvous would join the launcher's store instead of hosting
     # this group's own, which the workers are waiting at.
     agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     try:
         return stateless_init_torch_distributed_process_group(
-            address, port, rank, world_size, backend="gloo"
+            address, port, rank, world_size, backend="gloo", timeout=timedelta(seconds=timeout_s)
         )
     finally:
         if agent_store is not None:
@@ -75,6 +76,7 @@ class GlooWorkerInit(WeightTransferInitInfo):
     master_port: int
     rank: int  # this worker's rank in the group (the learner is 0)
     world_size: int  # the learner and every worker
+    timeout_s: float = 600.0  # a peer silent this long fails the transfer instead of hanging
 
 
 @dataclass
@@ -99,7 +101,11 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
 
     def init_transfer_engine(self, init_info: GlooWorkerInit) -> None:
         self.group = _group(
-            init_info.master_address, init_info.master_port, init_info.rank, init_info.world_size
+            init_info.master_address,
+            init_info.master_port,
+            init_info.rank,
+            init_info.world_size,
+            init_info.timeout_s,
         )
 
     def start_weight_update(self) -> None:
@@ -137,6 +143,7 @@ class GlooLearnerInit(TrainerInitInfo):
     master_address: str
     master_port: int
     world_size: int  # the learner and every worker
+    timeout_s: float = 600.0  # a worker silent this long fails the transfer instead of hanging
 
 
 class GlooLearnerEngine(TrainerWeightTransferEngine[GlooLearnerInit]):
@@ -160,12 +167,17 @@ class GlooLearnerEngine(TrainerWeightTransferEngine[GlooLearnerInit]):
             "master_address": init_info.master_address,
             "master_port": init_info.master_port,
             "world_size": init_info.world_size,
+            "timeout_s": init_info.timeout_s,
         }
         # Workers block in their rendezvous until the learner joins it too.
         with ThreadPoolExecutor(max_workers=1) as pool:
             joined = pool.submit(client.init_weight_transfer_engine, worker)
             engine.group = _group(
-                init_info.master_address, init_info.master_port, 0, init_info.world_size
+                init_info.master_address,
+                init_info.master_port,
+                0,
+                init_info.world_size,
+                init_info.timeout_s,
             )
             joined.result()
         return engine

@@ -85,8 +85,10 @@ def server_command(model_path: str, dtype: str, cfg: SamplerConfig, port: int, h
             str(int(cfg.cpu_kv_cache_gb * 2**30)),
         ]
     # A worker is not a rank of the learner's torchrun: without this it would wait for the
-    # learner's process group (and run on torchrun's single OpenMP thread).
+    # learner's process group (and run on torchrun's single OpenMP thread). Nor does it keep
+    # the in-process engine layout that an engine in the learner's process set.
     launcher = (
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
         "RANK",
         "WORLD_SIZE",
         "LOCAL_RANK",

@@ -169,7 +169,7 @@ class WorkerSampler:
             from rlcli.rollout import gloo_transfer
 
             gloo_transfer.register()
-            init = gloo_transfer.GlooLearnerInit(**where)
+            init = gloo_transfer.GlooLearnerInit(**where, timeout_s=self.cfg.worker_timeout_s)
         else:  # not run here: this machine has no GPU, the lent GPU machine no vLLM
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
