@@ -142,4 +142,6 @@ def test_two_gloo_ranks_sample_with_the_weights_they_just_learned(tmp_path, shap
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rollout/logp_abs_diff"] < 1e-3 for r in rows), rows
-    assert rows[-1]["kl"] > 100 * 1e-3
+    # Worker samples are not seeded, so how far the policy moves varies (KL 0.07-0.7 seen);
+    # a KL of 0.01 already means log-probs about 0.1 apart, 100x the tolerance above.
+    assert rows[-1]["kl"] > 1e-2
