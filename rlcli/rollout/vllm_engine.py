@@ -110,6 +110,23 @@ def repack_tied_head(model: torch.nn.Module) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+def sampling_settings(
+    cfg: SamplerConfig, group_size: int, eos_ids: set[int], temperature: float | None
+) -> dict:
+    """vLLM's sampling parameters for one call, as keyword arguments of `SamplingParams` (the
+    engine in this process) or the JSON `sampling_params` of a worker's generate route."""
+    return {
+        "n": group_size,
+        "temperature": cfg.temperature if temperature is None else temperature,
+        "top_p": cfg.top_p,
+        "max_tokens": cfg.max_new_tokens,
+        "stop": list(cfg.stop) or None,
+        "include_stop_str_in_output": True,  # the text must match the trained tokens
+        "stop_token_ids": sorted(eos_ids),
+        "logprobs": 0,  # the sampled token's own log-prob only
+    }
+
+
 class VLLMSampler:
     """Samples a group per prompt with vLLM; `sync(policy)` pushes the learner's weights."""
 
@@ -171,16 +188,7 @@ class VLLMSampler:
         self._wake()
         c = self.cfg
         encoded = encode_prompts(self.tokenizer, prompts, c)
-        params = SamplingParams(
-            n=group_size,
-            temperature=c.temperature if temperature is None else temperature,
-            top_p=c.top_p,
-            max_tokens=c.max_new_tokens,
-            stop=list(c.stop) or None,
-            include_stop_str_in_output=True,  # the text must match the trained tokens
-            stop_token_ids=sorted(self.eos_ids),
-            logprobs=0,  # the sampled token's own log-prob only
-        )
+        params = SamplingParams(**sampling_settings(c, group_size, self.eos_ids, temperature))
         # Seeding: requests carry no seed of their own (vLLM's per-request generators fail on
         # CPU when a prefill is split across engine steps); the in-process engine draws from
         # torch's global generator, seeded here per call and restored afterwards.

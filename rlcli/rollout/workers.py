@@ -36,6 +36,7 @@ from rlcli.rollout.servers import (
     log_dir,
     transfer_backend,
 )
+from rlcli.rollout.vllm_engine import sampling_settings
 from rlcli.runtime import distributed
 
 
@@ -183,16 +184,7 @@ class WorkerSampler:
         c = self.cfg
         version = self.version
         encoded = encode_prompts(self.tokenizer, prompts, c)
-        params = {
-            "n": group_size,
-            "temperature": c.temperature if temperature is None else temperature,
-            "top_p": c.top_p,
-            "max_tokens": c.max_new_tokens,
-            "stop": list(c.stop) or None,
-            "include_stop_str_in_output": True,
-            "stop_token_ids": sorted(self.eos_ids),
-            "logprobs": 0,
-        }
+        params = sampling_settings(c, group_size, self.eos_ids, temperature)
         # Prompt i goes to worker i mod K, so every worker gets a share of every step.
         jobs = [
             self.requests.submit(
