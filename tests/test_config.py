@@ -90,6 +90,7 @@ def test_defaults_are_grpo_smollm2_arith_math_vllm():
     [
         (["algo.clip=nope"], "algo.clip='nope' is not one of the valid choices: dcpo, decoupled"),
         (["algo.aggregation=mean"], "token_mean"),
+        (["algo=dapo", "algo.filter_metric=acc"], "correctness, total, math"),
         (["trainer.max_steps=abc"], "trainer.max_steps"),
         (["trainer.group_size=1"], "trainer.group_size=1"),
         (["trainer.mini_batches=3"], "divisor of 16"),

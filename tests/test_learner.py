@@ -89,3 +89,27 @@ def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation, per_
     for other_loss, other_grad in others:
         assert other_loss == pytest.approx(loss, rel=1e-5, abs=1e-7)
         assert torch.allclose(other_grad, grad, rtol=1e-4, atol=1e-7)
+
+
+def test_dr_grpo_weighs_a_response_the_same_when_another_is_masked_out(run, batch):
+    # Dr.GRPO's denominator counts every sampled response: masking one out (failed reward,
+    # overlong filter) must give the same gradient as keeping it with zero advantage. Dividing
+    # by the responses left instead would scale every other response's weight by 12/11.
+    advantages = torch.randn(len(batch.texts), generator=torch.Generator().manual_seed(2))
+    advantages[3] = 0.0
+    masked = batch.response_mask.clone()
+    masked[3] = 0
+    algo = copy.deepcopy(run.cfg.algo)
+    algo.aggregation, algo.beta = "seq_mean_token_sum_norm", 0.0
+    objective = objective_from_config(algo, run.cfg.sampler, norm_len=16)
+    grads = []
+    for mask in (batch.response_mask, masked):
+        rollout = dataclasses.replace(batch, response_mask=mask)
+        train_batch = TrainBatch(rollout, torch.zeros(len(batch.texts)), advantages, None, None)
+        policy = copy.deepcopy(run.policy)
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
+        plan = UpdatePlan(mini_batches=1, micro_batch_size=5, max_grad_norm=0.0)
+        learn(policy, optimizer, objective, train_batch, plan)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
+    assert grads[0].abs().sum() > 0
+    assert torch.allclose(grads[1], grads[0], rtol=1e-4, atol=1e-8)

@@ -41,8 +41,14 @@ def close(actual, expected, tol=TOL):
 
 
 def aggregate(name, loss, mask, total_tokens, total_seqs, norm_len=4.0):
+    """Every row of `loss` is a sampled response (total_responses), empty ones included."""
     return AGGREGATIONS[name](
-        loss, mask, total_tokens=total_tokens, total_seqs=total_seqs, norm_len=norm_len
+        loss,
+        mask,
+        total_tokens=total_tokens,
+        total_seqs=total_seqs,
+        total_responses=float(loss.shape[0]),
+        norm_len=norm_len,
     )
 
 
@@ -225,6 +231,20 @@ def test_constant_group_exactly_zero(name):
     assert torch.equal(advantages, torch.zeros(32)) and returns is None
 
 
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "dcpo_sas"])
+def test_a_group_with_one_scored_response_gets_zero_advantages(name):
+    # Groups of 2 where the reward failed on one sample (NaN): the survivor has no baseline,
+    # so its advantage is 0; RLOO used to raise "needs at least 2 samples" and stop the run.
+    # The intact second group is estimated as usual.
+    scores = torch.tensor([1.0, float("nan"), 1.0, 0.0])
+    ones = torch.ones(4, 1)
+    ids = ["a", "a", "b", "b"]
+    inputs = AdvantageInputs(scores, ones * 0, ones, group_size=2, prompt_ids=ids, sas=SasTracker())
+    advantages, _ = ADVANTAGES[name](inputs)
+    assert torch.equal(advantages[:2], torch.zeros(2))
+    assert advantages[2] > 0 > advantages[3]
+
+
 def test_rloo_advantages():
     adv = rloo_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
     assert close(adv, [[1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3]])
@@ -260,7 +280,8 @@ MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0,
     [
         ("token_mean", (1 + 2 + 3 + 5) / 4),  # all tokens / 4 tokens
         ("seq_mean_token_mean", ((1 + 2 + 3) / 3 + 5 / 1) / 2),  # 2 non-empty responses
-        ("seq_mean_token_sum_norm", ((1 + 2 + 3) / 4 + 5 / 4) / 2),  # L = 4
+        # L = 4, and all 3 sampled responses count, the empty one too (ALGORITHMS.md)
+        ("seq_mean_token_sum_norm", ((1 + 2 + 3) / 4 + 5 / 4) / 3),
         ("seq_sum_token_mean", (1 + 2 + 3) / 3 + 5 / 1),  # no mean over responses
     ],
 )
@@ -277,7 +298,7 @@ def test_aggregation_micro_batches_match_big_batch(name, splits):
     loss = torch.randn(6, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([8, 1, 5, 0, 3, 7])
     mask = (torch.arange(8) < lengths[:, None]).double()
-    counts = dict(total_tokens=float(mask.sum()), total_seqs=6.0, norm_len=8.0)
+    counts = dict(total_tokens=float(mask.sum()), total_seqs=5.0, total_responses=6.0, norm_len=8.0)
 
     big = AGGREGATIONS[name](loss, mask, **counts)
     (big_grad,) = torch.autograd.grad(big, loss)
@@ -478,7 +499,7 @@ def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one()
         obj = objective_from_config(algo, section("sampler", "vllm", old_logp=old_logp), 6)
         logp = old + 0.1 * torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
         logp.requires_grad_(True)
-        loss, _ = policy_objective(obj, logp, old, None, adv, mask, entropy, mask.sum(), 4, old)
+        loss, _ = policy_objective(obj, logp, old, None, adv, mask, entropy, mask.sum(), 4, 4, old)
         loss.backward()
         results.append((loss.detach(), logp.grad))
     assert torch.equal(results[0][0], results[1][0])
@@ -494,6 +515,7 @@ def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one()
         mask,
         entropy,
         mask.sum(),
+        4,
         4,
         old - 0.3 * mask,
     )

@@ -10,12 +10,13 @@ import torch
 from rlcli.config import ConfigError
 from rlcli.config.validate import compose
 from rlcli.rewards.rules import space_rate
+from rlcli.rewards.scorer import Scores
 from rlcli.rollout.batch import concat_rollouts, select_rows
 from rlcli.train.learner import batch_logprobs
 from rlcli.train.loop import train
 from rlcli.train.run import setup
 from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
-from rlcli.train.step import collect_batch, train_step
+from rlcli.train.step import collect_batch, filter_values, train_step
 
 
 def test_informative_groups_and_dupo_fill():
@@ -70,6 +71,35 @@ def test_dynamic_sampling_keeps_only_informative_groups():
     batch, scores, metrics = collect_batch(run)
     assert len(batch.texts) == 16 and metrics["batch/gen_batches"] >= 1
     assert informative_groups(scores.view(4, 4)).all()
+
+
+def always_right(prompts, responses, answers, **fields):
+    """Every response correct: a group of these carries no accuracy signal."""
+    return [1.0] * len(responses)
+
+
+def test_dynamic_sampling_filters_on_correctness_not_on_the_total():
+    # DAPO eq. 11: an all-correct group is dropped although shaping (here the whitespace share,
+    # as the soft overlong punishment would) makes its totals differ; filter_metric=total keeps it.
+    both = ["reward=python", "reward.function=test_shaping:always_right"]
+    both += ["reward.components=[python,space_rate]", "sampler.max_new_tokens=16"]
+    run = tiny_run("algo=dapo", "algo.max_gen_batches=2", *both)
+    with pytest.raises(ConfigError, match="whose correctness .* differs"):
+        collect_batch(run)
+    run = tiny_run("algo=dapo", "algo.filter_metric=total", *both)
+    batch, scores, metrics = collect_batch(run)
+    assert len(batch.texts) == 16 and metrics["batch/gen_batches"] == 1
+
+
+def test_filter_values_read_the_correctness_component():
+    # The issue's example: totals 1, 1, 0.5, 1 from an all-correct group, one response punished
+    # for length. On the total the group looks informative; on correctness it is not.
+    total = torch.tensor([1.0, 1.0, 0.5, 1.0])
+    parts = {"math_pm1": torch.ones(4), "overlong": torch.tensor([0.0, 0.0, -0.5, 0.0])}
+    scores = Scores(total, parts, [], None)
+    correct = filter_values(scores, "correctness", ["math_pm1"])
+    assert not informative_groups(correct.view(1, 4)).any()
+    assert informative_groups(filter_values(scores, "total", ["math_pm1"]).view(1, 4)).all()
 
 
 def half_constant_reward(prompts, responses, answers, **fields):

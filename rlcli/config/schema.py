@@ -49,6 +49,7 @@ class AlgoConfig:
     max_gen_batches: int = MISSING
     overlong_filter: bool = MISSING
     dupo_fill: bool = MISSING
+    filter_metric: str = MISSING
     # PPO critic and pretraining mix
     gamma: float = MISSING
     lam: float = MISSING

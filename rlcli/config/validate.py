@@ -248,6 +248,12 @@ def _check_ranges(cfg: Config) -> None:
             "algo.dynamic_sampling=true and algo.dupo_fill=true both replace zero-signal groups; "
             "choose one (DAPO re-samples, DUPO duplicates)."
         )
+    metrics = ["correctness", "total", *cfg.reward.components]
+    if a.filter_metric not in metrics:
+        raise ConfigError(
+            f"algo.filter_metric={a.filter_metric!r} is not one of the valid choices: "
+            f"{', '.join(metrics)} (correctness = the first of reward.components)."
+        )
     if a.max_gen_batches < 1:
         raise ConfigError(f"algo.max_gen_batches={a.max_gen_batches} must be >= 1.")
     if (a.objective == "dpo") != (cfg.data.name == "pairs"):

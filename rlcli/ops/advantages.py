@@ -246,7 +246,9 @@ def missing_aware(
 
     A group with missing rewards is estimated from its scored responses alone, as if the
     group were that much smaller; missing responses get advantage 0 (and no loss: the
-    trainer masks them out).
+    trainer masks them out). A group with fewer than two scored responses has no baseline
+    to compare with, so all its advantages are 0, for every estimator (GRPO's std and
+    RLOO's leave-one-out mean need two).
     """
     scored = ~rewards.isnan()
     if scored.all():
@@ -254,7 +256,7 @@ def missing_aware(
     advantages = torch.zeros_like(rewards)
     for g in range(rewards.shape[0]):
         keep = scored[g]
-        if keep.any():
+        if keep.sum() >= 2:
             advantages[g, keep] = estimator(rewards[g, keep][None], [ids[g]])[0]
     return advantages
 

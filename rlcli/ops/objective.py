@@ -41,7 +41,8 @@ def policy_objective(
     mask: Tensor,  # [B, T] 1 on tokens that count
     entropy: Tensor,  # [B, T]
     total_tokens: float,  # tokens of the whole optimiser step (all micro-batches)
-    total_seqs: float,  # responses of the whole optimiser step
+    total_seqs: float,  # responses of the whole optimiser step with at least one loss token
+    total_responses: float,  # every response of the whole optimiser step
     sampler_logp: Tensor | None = None,  # [B, T] from the sampler, when it is not the learner
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step's loss, and token sums of its diagnostics.
@@ -77,5 +78,11 @@ def policy_objective(
         sums["kl"] = (kl.detach() * m).sum()
     if obj.entropy_coef:
         per_token = per_token - obj.entropy_coef * entropy
-    loss = obj.aggregate(per_token, mask, total_tokens=total_tokens, total_seqs=total_seqs)
+    loss = obj.aggregate(
+        per_token,
+        mask,
+        total_tokens=total_tokens,
+        total_seqs=total_seqs,
+        total_responses=total_responses,
+    )
     return loss, sums

@@ -244,6 +244,7 @@ def learn(
         mask_all = rollout.response_mask[mini]
         total_tokens = distributed.all_sum(float(mask_all.sum()))
         total_seqs = distributed.all_sum(float((mask_all.sum(-1) > 0).sum()))
+        total_responses = distributed.all_sum(float(len(mini)))
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
         parts = micro_batches(rollout, mini, plan.micro_batch_size, plan.max_tokens)
@@ -266,6 +267,7 @@ def learn(
                 entropy,
                 total_tokens,
                 total_seqs,
+                total_responses,
                 sampled,
             )
             loss.backward()

@@ -41,10 +41,18 @@ def reward_metrics(rounds: list[Scores]) -> dict[str, float]:
     return joined.metrics()
 
 
+def filter_values(scores: Scores, metric: str, components: list[str]) -> torch.Tensor:
+    """What dynamic sampling and DUPO compare within a group (`algo.filter_metric`): the total
+    reward, or one component's unweighted score (correctness: the first component).  # [B]"""
+    name = components[0] if metric == "correctness" else metric
+    return scores.total if name == "total" else scores.components[name]
+
+
 def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     """The step's batch of prompts_per_step groups, shaped as the algorithm asks.
 
-    DAPO dynamic sampling keeps only groups whose rewards differ and samples more prompts
+    DAPO dynamic sampling keeps only groups whose `algo.filter_metric` differs (by default
+    correctness: accuracy strictly between 0 and 1, DAPO eq. 11) and samples more prompts
     until the batch is full (at most `max_gen_batches` generation rounds; then the step
     trains on the groups found, and stops the run only if there are none); DUPO replaces
     zero-signal groups by duplicates of informative ones; otherwise the batch is as sampled.
@@ -71,7 +79,8 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
         )
         rounds.append(round_scores)
         scores = round_scores.total
-        informative = informative_groups(scores.view(P, G))
+        judged = filter_values(round_scores, algo.filter_metric, run.cfg.reward.components)
+        informative = informative_groups(judged.view(P, G))
         sampled_groups += P
         equal_groups += int((~informative).sum())
         if not algo.dynamic_sampling:
@@ -92,9 +101,10 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
             scores = torch.cat(kept_scores)
         else:
             raise ConfigError(
-                f"DAPO dynamic sampling found only {found} of {P} groups with differing "
-                f"rewards after algo.max_gen_batches={algo.max_gen_batches} generation rounds: "
-                "every group is all right or all wrong. Raise algo.max_gen_batches, use an "
+                f"DAPO dynamic sampling found only {found} of {P} groups whose "
+                f"{algo.filter_metric} (algo.filter_metric) differs after "
+                f"algo.max_gen_batches={algo.max_gen_batches} generation rounds: every group is "
+                "all right or all wrong. Raise algo.max_gen_batches, use an "
                 "easier or harder dataset, or turn it off with algo.dynamic_sampling=false."
             )
     metrics = {
@@ -106,7 +116,7 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     if algo.dynamic_sampling:
         metrics["batch/groups_short"] = float(P - len(batch.texts) // G)
     if algo.dupo_fill:
-        slots = dupo_fill(informative_groups(scores.view(P, G)).tolist(), run.rng)
+        slots = dupo_fill(informative.tolist(), run.rng)  # one round: its groups as sampled
         metrics["batch/duplicated_groups"] = float(sum(g != i for i, g in enumerate(slots)))
         rows = group_rows(slots, G)
         batch, scores = select_rows(batch, rows), scores[rows]
