@@ -5,7 +5,10 @@
   (`reward/mean`; DPO: `reward/accuracy`), held-out accuracy (the last `eval/accuracy`, else
   `accuracy` of the job's eval.json), training time (the sum of `time/step`) and the mean
   `throughput/tokens_per_s`; a job that wrote no metrics (it failed) has empty cells;
-- `summary.png`: every job's reward curve on one chart.
+- `summary.png`: every job's reward curve on one chart;
+- in `summary.md`, when jobs differ only in `trainer.seed` (`-m trainer.seed=0,1,2 ...`), a
+  table over seeds: per config the mean and 95% interval of held-out accuracy and final reward,
+  so a difference can be told from seed noise.
 
 `SweepSummary` is the Hydra callback (registered under `hydra.callbacks` in conf/config.yaml)
 that calls it. A job is any directory under the sweep holding Hydra's `.hydra/overrides.yaml`.
@@ -17,6 +20,7 @@ import csv
 import json
 import math
 import re
+import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -152,7 +156,78 @@ def markdown_table(sweep_dir: Path, jobs: list[JobSummary]) -> str:
         cells = [markdown_cell(values[k], digits) for k, (_, digits) in COLUMNS.items()]
         cells[0] = f"[{job_number(sweep_dir, job)}](<{job.job}>)"  # the long name as a link
         lines.append("| " + " | ".join(cells) + " |")
+    groups = seed_groups(jobs)
+    if groups:
+        lines += seeds_table(groups, shared)
     return "\n".join(lines) + "\n"
+
+
+# Two-sided 95% Student-t critical values t(0.975, df) for df = 1..30, from the standard
+# tables; past 30 degrees of freedom the normal 1.96 is within 2% of them.
+T_975 = tuple(
+    float(t)
+    for t in """12.706 4.303 3.182 2.776 2.571 2.447 2.365 2.306 2.262 2.228 2.201 2.179 2.160
+    2.145 2.131 2.120 2.110 2.101 2.093 2.086 2.080 2.074 2.069 2.064 2.060 2.056 2.052 2.048
+    2.045 2.042""".split()
+)
+
+
+def mean_interval(values: list[float]) -> tuple[float, float]:
+    """The mean and the half-width of its 95% Student-t interval (NaN for a single value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, math.nan
+    df = len(values) - 1
+    t = T_975[df - 1] if df <= len(T_975) else 1.96
+    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def without_seed(job: JobSummary) -> str:
+    """The job's overrides but `trainer.seed`: jobs equal in this are seeds of one config."""
+    return " ".join(o for o in job.overrides if not o.startswith("trainer.seed="))
+
+
+def seed_groups(jobs: list[JobSummary]) -> dict[str, list[JobSummary]]:
+    """Jobs grouped by config when the sweep varied `trainer.seed`, else {}."""
+    groups: dict[str, list[JobSummary]] = {}
+    for job in jobs:
+        groups.setdefault(without_seed(job), []).append(job)
+    return groups if any(len(g) > 1 for g in groups.values()) else {}
+
+
+def interval_cell(values: list[float | None], digits: int) -> str:
+    """`mean ± half-width (n)` over the values logged; empty when none was."""
+    logged = [v for v in values if v is not None and math.isfinite(v)]
+    if not logged:
+        return ""
+    mean, half = mean_interval(logged)
+    spread = "" if math.isnan(half) else f" ± {half:.{digits}f}"
+    return f"{mean:.{digits}f}{spread} (n={len(logged)})"
+
+
+def seeds_table(groups: dict[str, list[JobSummary]], shared: list[str]) -> list[str]:
+    """summary.md's table over seeds: each config's mean and 95% interval."""
+    lines = [
+        "",
+        "## Over seeds",
+        "",
+        "Mean ± the half-width of the 95% Student-t interval over the seeds that logged it.",
+        "",
+        "| config | seeds | eval accuracy | final reward | train time (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for config, group in groups.items():
+        own = " ".join(o for o in config.split() if o not in shared) or "(all shared)"
+        seeds = ", ".join(
+            o.split("=", 1)[1] for j in group for o in j.overrides if o.startswith("trainer.seed=")
+        )
+        cells = [
+            interval_cell([j.eval_accuracy for j in group], 3),
+            interval_cell([j.final_reward for j in group], 3),
+            interval_cell([j.train_time_s for j in group], 1),
+        ]
+        lines.append(f"| {markdown_cell(own, 0)} | {seeds} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_csv(path: Path, jobs: list[JobSummary]) -> None:

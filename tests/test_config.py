@@ -101,7 +101,7 @@ def test_defaults_are_grpo_smollm2_arith_math_vllm():
         (["pairs.k=1"], "pairs.k=1"),
         (["sampler=hf", "sampler.stop=[x]"], "sampler.stop=['x'] needs sampler=vllm"),
         (["sampler=hf", "sampler.old_logp=sampler"], "needs sampler=vllm"),
-        (["sampler.old_logp=vllm"], "valid choices: learner, sampler"),
+        (["sampler.old_logp=vllm"], "valid choices: auto, learner, sampler"),
         (["sampler.tis_cap=0.5"], "sampler.tis_cap=0.5"),
         (["model=tiny", "model.tiny_heads=4"], "heads of size 16"),
     ],
@@ -114,3 +114,15 @@ def test_bad_values_are_named_with_the_valid_choices(override, named):
 def test_unknown_key_is_rejected():
     with pytest.raises(Exception, match="nonsense"):
         compose(["+trainer.nonsense=1"])
+
+
+def test_old_logp_auto_corrects_the_mismatch_only_where_compute_is_bfloat16():
+    import torch
+
+    from rlcli.runtime.models import has_fast_bf16
+
+    bf16_here = has_fast_bf16(torch.device("cpu"))
+    assert compose([]).sampler.old_logp == ("sampler" if bf16_here else "learner")
+    assert compose(["trainer.bf16_autocast=false"]).sampler.old_logp == "learner"
+    assert compose(["sampler=hf"]).sampler.old_logp == "learner"
+    assert compose(["sampler.old_logp=learner"]).sampler.old_logp == "learner"

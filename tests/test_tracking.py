@@ -286,3 +286,47 @@ def test_write_summary_on_hand_written_jobs(tmp_path):
         markdown
     )
     assert is_png(tmp_path / "summary.png")
+
+
+def test_a_sweep_over_seeds_gets_means_and_95_percent_intervals(tmp_path):
+    accuracies = {("grpo", 0): 0.30, ("grpo", 1): 0.40, ("grpo", 2): 0.35}
+    accuracies |= {("dapo", 0): 0.20, ("dapo", 1): 0.20}
+    for n, ((algo, seed), accuracy) in enumerate(accuracies.items()):
+        overrides = ["model=tiny", f"trainer.seed={seed}", f"algo={algo}"]
+        make_job(tmp_path, f"{n}_{algo}_{seed}", overrides, None, {"accuracy": accuracy})
+    write_summary(tmp_path)
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "## Over seeds" in markdown
+    # grpo: mean 0.35, sample std 0.05, t(0.975, 2) = 4.303: 4.303 * 0.05 / sqrt(3) = 0.124
+    assert "| algo=grpo | 0, 1, 2 | 0.350 ± 0.124 (n=3) |  |  |" in markdown
+    assert "| algo=dapo | 0, 1 | 0.200 ± 0.000 (n=2) |  |  |" in markdown
+
+
+def test_a_sweep_without_repeated_seeds_has_no_seed_table(tmp_path):
+    make_job(tmp_path, "0_a", ["trainer.seed=0", "algo=grpo"], None, {"accuracy": 0.5})
+    make_job(tmp_path, "1_b", ["trainer.seed=1", "algo=dapo"], None, {"accuracy": 0.5})
+    write_summary(tmp_path)
+    assert "Over seeds" not in (tmp_path / "summary.md").read_text()
+
+
+def test_seeds_script_reports_before_and_after_over_seeds(tmp_path):
+    # scripts/seeds.py end to end on the tiny model: one evaluation before, a run per seed,
+    # each evaluated at its last step, and the table over seeds.
+    overrides = ["model=tiny", "reward=space_rate", "sampler=hf", "trainer.max_steps=2"]
+    overrides += ["sampler.max_new_tokens=8", "eval.max_problems=4", "eval.k=1"]
+    overrides += ["logger.progress=false", "eval.correct_above=0.1"]
+    script = Path(__file__).parent.parent / "scripts" / "seeds.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--seeds", "2", "--out", str(tmp_path), *overrides],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    before = json.loads((tmp_path / "before" / "eval.json").read_text())["accuracy"]
+    jobs = sorted((tmp_path / "runs").glob("*/metrics.jsonl"))
+    after = [metrics_rows(j.parent)[-1]["eval/accuracy"] for j in jobs]
+    assert len(after) == 2
+    table = (tmp_path / "seeds.md").read_text()
+    assert f"| before training | {before:.3f} |" in table
+    assert "| after, mean ± 95% interval | " in table and "(n=2)" in table
+    assert "## Over seeds" in (tmp_path / "runs" / "summary.md").read_text()
