@@ -5,7 +5,8 @@
   (`reward/mean`; DPO: `reward/accuracy`), held-out accuracy (the last `eval/accuracy`, else
   `accuracy` of the job's eval.json), training time (the sum of `time/step`) and the mean
   `throughput/tokens_per_s`; a job that wrote no metrics (it failed) has empty cells;
-- `summary.png`: every job's reward curve on one chart;
+- `summary.png`: every job's reward curve on one chart, and its held-out accuracy beside
+  it when the jobs evaluated during training (`trainer.eval_every`);
 - in `summary.md`, when jobs differ only in `trainer.seed` (`-m trainer.seed=0,1,2 ...`), a
   table over seeds: per config the mean and 95% interval of held-out accuracy and final reward,
   so a difference can be told from seed noise.
@@ -30,7 +31,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
 from rlcli.tracking.metrics import METRICS_FILE, read_metrics
-from rlcli.tracking.plots import REWARD, draw_curves, panel_key, series
+from rlcli.tracking.plots import HELD_OUT, REWARD, draw_curves, panel_key, series
 
 
 @dataclass
@@ -253,7 +254,7 @@ def write_summary(sweep_dir: Path) -> list[JobSummary]:
         for job, d in zip(jobs, dirs, strict=True)
         if (d / METRICS_FILE).is_file()
     }
-    draw_curves(curves, sweep_dir / "summary.png", f"sweep {sweep_dir.name}", (REWARD,))
+    draw_curves(curves, sweep_dir / "summary.png", f"sweep {sweep_dir.name}", (REWARD, HELD_OUT))
     return jobs
 
 

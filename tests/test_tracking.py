@@ -234,11 +234,12 @@ def test_panels_only_for_metrics_a_run_has(tmp_path):
     lines = panel_lines(runs)
     assert lines == [
         {"rl": "reward/mean", "no_kl": "reward/mean", "dpo": "reward/accuracy"},
+        {"rl": "eval/accuracy"},  # logged at some steps only: drawn as joined points
         {"dpo": "loss"},  # only DPO's loss is drawn
         {"rl": "entropy"},  # absent from the other runs: one line
         {"rl": "kl", "no_kl": "policy/approx_kl"},
     ]  # no response length or clip fraction: no run logged them
-    assert panel_lines({"dpo": DPO_ROWS}, PANELS[2:]) == []
+    assert panel_lines({"dpo": DPO_ROWS}, PANELS[3:]) == []
     out = draw_curves(runs, tmp_path / "plots" / "curves.png", "hand-written")
     assert is_png(out)
 

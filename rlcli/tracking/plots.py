@@ -1,8 +1,9 @@
 """Training curves from `metrics.jsonl`: each run's `curves.png`, `rlcli plot`, a sweep's chart.
 
-Small multiples against the step, one panel per metric a run logged (reward, response
-length, entropy, clip fraction, KL), one line per run. Drawn with matplotlib's object API
-on the Agg canvas, so nothing needs a display and no pyplot state is shared between runs.
+Small multiples against the step, one panel per metric a run logged (reward, held-out
+accuracy, response length, entropy, clip fraction, KL), one line per run. Drawn with
+matplotlib's object API on the Agg canvas, so nothing needs a display and no pyplot state is
+shared between runs.
 """
 
 from __future__ import annotations
@@ -24,11 +25,16 @@ class Panel:
 
     keys: tuple[str, ...]
     requires: str | None = None  # drawn only for runs that also log this key
+    # Logged only at some steps (held-out evaluations): points joined across the steps
+    # between them, each marked, rather than gaps.
+    sparse: bool = False
 
 
 REWARD = Panel(("reward/mean", "reward/accuracy"))  # DPO logs the accuracy of its pairs
+HELD_OUT = Panel(("eval/accuracy",), sparse=True)  # trainer.eval_every
 PANELS = (
     REWARD,
+    HELD_OUT,
     # DPO's loss is its objective; the RL surrogate loss says little about progress.
     Panel(("loss",), requires="reward/accuracy"),
     Panel(("response/length_mean",)),
@@ -61,13 +67,18 @@ def panel_key(panel: Panel, rows: list[dict]) -> str | None:
 
 def panel_lines(runs: Runs, panels=PANELS) -> list[dict[str, str]]:
     """Per panel some run has: {label: key} of the runs drawn in it."""
-    lines = []
+    return [keys for _, keys in drawn_panels(runs, panels)]
+
+
+def drawn_panels(runs: Runs, panels=PANELS) -> list[tuple[Panel, dict[str, str]]]:
+    """The panels some run has, each with {label: key} of the runs drawn in it."""
+    drawn = []
     for panel in panels:
         keys = {label: panel_key(panel, rows) for label, rows in runs.items()}
         keys = {label: key for label, key in keys.items() if key}
         if keys:
-            lines.append(keys)
-    return lines
+            drawn.append((panel, keys))
+    return drawn
 
 
 def line_styles(labels) -> dict[str, dict]:
@@ -79,13 +90,18 @@ def line_styles(labels) -> dict[str, dict]:
     }
 
 
-def draw_panel(ax, runs: Runs, keys: dict[str, str], styles: dict[str, dict]) -> None:
+def draw_panel(
+    ax, runs: Runs, keys: dict[str, str], styles: dict[str, dict], sparse: bool = False
+) -> None:
     """One panel: each run's line of its key against the step."""
     from matplotlib.ticker import MaxNLocator
 
     for label, key in keys.items():
         steps, values = series(runs[label], key)
-        marker = "o" if len(steps) <= MARKER_LIMIT else None
+        if sparse:
+            points = [(s, v) for s, v in zip(steps, values, strict=True) if math.isfinite(v)]
+            steps, values = [s for s, _ in points], [v for _, v in points]
+        marker = "o" if sparse or len(steps) <= MARKER_LIMIT else None
         ax.plot(steps, values, marker=marker, markersize=3, **styles[label])
     ax.set_title(" / ".join(dict.fromkeys(keys.values())))
     ax.set_xlabel("step")
@@ -103,15 +119,16 @@ def draw_curves(runs: Runs, out: Path, title: str = "", panels=PANELS) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    lines = panel_lines(runs, panels)
+    drawn = drawn_panels(runs, panels)
+    lines = [keys for _, keys in drawn]
     cols = min(3, max(1, len(lines)))
     rows = max(1, math.ceil(len(lines) / cols))
     size = (7.0, 4.5) if len(lines) <= 1 else (4.4 * cols, 3.2 * rows)
     fig = Figure(figsize=size, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).flatten()
     styles = line_styles(runs)
-    for ax, keys in zip(axes, lines, strict=False):
-        draw_panel(ax, runs, keys, styles)
+    for ax, (panel, keys) in zip(axes, drawn, strict=False):
+        draw_panel(ax, runs, keys, styles, panel.sparse)
     for ax in axes[len(lines) :]:
         ax.set_axis_off()
     if not lines:
