@@ -69,8 +69,8 @@ def main() -> None:
         "|---|---|",
         f"| before training | {base:.3f} |",
         *(
-            f"| after, {job.job} | {'' if a is None else f'{a:.3f}'} |"
-            for job, a in zip(jobs, after, strict=True)
+            f"| after, seed {seed} | {'' if a is None else f'{a:.3f}'} |"
+            for seed, a in zip(range(args.seeds), after, strict=True)
         ),
         f"| after, mean ± 95% interval | {interval_cell(after, 3)} |",
         f"| gain, mean ± 95% interval | {interval_cell(gains, 3)} |",

@@ -329,5 +329,6 @@ def test_seeds_script_reports_before_and_after_over_seeds(tmp_path):
     assert len(after) == 2
     table = (tmp_path / "seeds.md").read_text()
     assert f"| before training | {before:.3f} |" in table
+    assert f"| after, seed 1 | {after[1]:.3f} |" in table
     assert "| after, mean ± 95% interval | " in table and "(n=2)" in table
     assert "## Over seeds" in (tmp_path / "runs" / "summary.md").read_text()
