@@ -24,7 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlcli.config import ConfigError
 from rlcli.config.validate import compose
+from rlcli.recipes import check_recipe_choices, register_recipes
 from rlcli.sweep import interval_cell, write_summary
 
 
@@ -41,7 +43,13 @@ def main() -> None:
     parser.add_argument("--out", default="runs/seeds", help="output directory")
     args, overrides = parser.parse_known_args()
     out = Path(args.out).resolve()
-    max_steps = compose(overrides).trainer.max_steps  # also checks the overrides up front
+    # `recipe=NAME` is a group only once the recipes are registered, as `rlcli train` does.
+    register_recipes()
+    try:
+        check_recipe_choices(overrides)
+        max_steps = compose(overrides).trainer.max_steps  # also checks the overrides up front
+    except ConfigError as err:
+        sys.exit(f"seeds: {err}")
 
     before = out / "before"
     if not (before / "eval.json").is_file():

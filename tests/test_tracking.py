@@ -332,3 +332,18 @@ def test_seeds_script_reports_before_and_after_over_seeds(tmp_path):
     assert f"| after, seed 1 | {after[1]:.3f} |" in table
     assert "| after, mean ± 95% interval | " in table and "(n=2)" in table
     assert "## Over seeds" in (tmp_path / "runs" / "summary.md").read_text()
+
+
+def test_seeds_script_takes_a_recipe_and_names_an_unknown_one(tmp_path):
+    # `recipe=NAME` is registered by the script as by `rlcli train`; a wrong name is one
+    # paragraph naming the valid recipes, before any evaluation starts.
+    script = Path(__file__).parent.parent / "scripts" / "seeds.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path), "recipe=cpu/no_such_twin"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0
+    assert "recipe=cpu/no_such_twin is not one of the recipes" in out.stderr
+    assert "cpu/dapo_qwen32b" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "before").exists()
