@@ -24,6 +24,7 @@ from rlcli.ops.policy_loss import (
     CLIP_BOUNDS,
     KL_ESTIMATORS,
     RATIOS,
+    StepCounts,
     clipped_surrogate,
     dpo_loss,
     explained_variance,
@@ -42,14 +43,8 @@ def close(actual, expected, tol=TOL):
 
 def aggregate(name, loss, mask, total_tokens, total_seqs, norm_len=4.0):
     """Every row of `loss` is a sampled response (total_responses), empty ones included."""
-    return AGGREGATIONS[name](
-        loss,
-        mask,
-        total_tokens=total_tokens,
-        total_seqs=total_seqs,
-        total_responses=float(loss.shape[0]),
-        norm_len=norm_len,
-    )
+    counts = StepCounts(tokens=total_tokens, seqs=total_seqs, responses=float(loss.shape[0]))
+    return AGGREGATIONS[name](loss, mask, counts, norm_len)
 
 
 # --- worked example 1: token vs sequence ratio -------------------------------------------
@@ -298,14 +293,14 @@ def test_aggregation_micro_batches_match_big_batch(name, splits):
     loss = torch.randn(6, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([8, 1, 5, 0, 3, 7])
     mask = (torch.arange(8) < lengths[:, None]).double()
-    counts = dict(total_tokens=float(mask.sum()), total_seqs=5.0, total_responses=6.0, norm_len=8.0)
+    counts = StepCounts(tokens=float(mask.sum()), seqs=5.0, responses=6.0)
 
-    big = AGGREGATIONS[name](loss, mask, **counts)
+    big = AGGREGATIONS[name](loss, mask, counts, 8.0)
     (big_grad,) = torch.autograd.grad(big, loss)
 
     micro_sum = 0.0
     for rows, mask_rows in zip(loss.split(splits), mask.split(splits), strict=True):
-        micro_sum = micro_sum + AGGREGATIONS[name](rows, mask_rows, **counts)
+        micro_sum = micro_sum + AGGREGATIONS[name](rows, mask_rows, counts, 8.0)
     (micro_grad,) = torch.autograd.grad(micro_sum, loss)
 
     assert torch.isfinite(big)
@@ -493,13 +488,14 @@ def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one()
     old = -torch.rand(4, 6, generator=g) * 3
     mask = (torch.rand(4, 6, generator=g) > 0.2).float()
     adv, entropy = torch.randn(4, generator=g), torch.rand(4, 6, generator=g)
+    counts = StepCounts(tokens=float(mask.sum()), seqs=4.0, responses=4.0)
     algo = section("algo", "grpo", beta=0.0)
     results = []
     for old_logp in ("learner", "sampler"):
         obj = objective_from_config(algo, section("sampler", "vllm", old_logp=old_logp), 6)
         logp = old + 0.1 * torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
         logp.requires_grad_(True)
-        loss, _ = policy_objective(obj, logp, old, None, adv, mask, entropy, mask.sum(), 4, 4, old)
+        loss, _ = policy_objective(obj, logp, old, None, adv, mask, entropy, counts, old)
         loss.backward()
         results.append((loss.detach(), logp.grad))
     assert torch.equal(results[0][0], results[1][0])
@@ -514,12 +510,10 @@ def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one()
         adv,
         mask,
         entropy,
-        mask.sum(),
-        4,
-        4,
+        counts,
         old - 0.3 * mask,
     )
     same, _ = policy_objective(
-        obj, old.clone().requires_grad_(True), old, None, adv, mask, entropy, mask.sum(), 4, old
+        obj, old.clone().requires_grad_(True), old, None, adv, mask, entropy, counts, old
     )
     assert not torch.equal(stale, same)

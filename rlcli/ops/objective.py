@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from rlcli.ops.policy_loss import kl_k3, truncated_is_weights
+from rlcli.ops.policy_loss import StepCounts, kl_k3, truncated_is_weights
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,7 @@ def policy_objective(
     advantages: Tensor,  # [B] or [B, T]
     mask: Tensor,  # [B, T] 1 on tokens that count
     entropy: Tensor,  # [B, T]
-    total_tokens: float,  # tokens of the whole optimiser step (all micro-batches)
-    total_seqs: float,  # responses of the whole optimiser step with at least one loss token
-    total_responses: float,  # every response of the whole optimiser step
+    counts: StepCounts,  # of the whole optimiser step (all micro-batches)
     sampler_logp: Tensor | None = None,  # [B, T] from the sampler, when it is not the learner
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step's loss, and token sums of its diagnostics.
@@ -78,11 +76,5 @@ def policy_objective(
         sums["kl"] = (kl.detach() * m).sum()
     if obj.entropy_coef:
         per_token = per_token - obj.entropy_coef * entropy
-    loss = obj.aggregate(
-        per_token,
-        mask,
-        total_tokens=total_tokens,
-        total_seqs=total_seqs,
-        total_responses=total_responses,
-    )
+    loss = obj.aggregate(per_token, mask, counts)
     return loss, sums

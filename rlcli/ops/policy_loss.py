@@ -6,6 +6,8 @@ estimator (``KL_ESTIMATORS``) and loss aggregation (``AGGREGATIONS``). Shapes: B
 T tokens; ``mask`` is 1 on tokens that count in the loss.
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -131,16 +133,25 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
-# --- aggregation: (loss, mask, *, total_tokens, total_seqs, total_responses, norm_len) -> scalar
+# --- aggregation: (loss, mask, counts, norm_len) -> scalar ----------------------------------
 # All four share one signature (so callers pass every count) and ignore what they don't use.
-# total_tokens / total_seqs count the WHOLE optimiser step (all micro-batches, all ranks),
-# so the values returned for the micro-batches of a step sum to the big-batch formula;
-# dividing by a micro-batch's own counts is the classic gradient-accumulation bug. Under
-# DDP, which averages gradients over ranks, the caller multiplies by the world size.
+# The counts are of the WHOLE optimiser step (all micro-batches, all ranks), so the values
+# returned for the micro-batches of a step sum to the big-batch formula; dividing by a
+# micro-batch's own counts is the classic gradient-accumulation bug. Under DDP, which
+# averages gradients over ranks, the caller multiplies by the world size.
 # A response with no loss tokens (failed reward, overlong filter) adds 0 to every numerator.
-# total_seqs counts the responses with at least one loss token (GRPO's and DCPO's per-response
-# means are over the responses that train); total_responses counts every sampled response,
-# masked-out ones included, for Dr.GRPO, whose denominator must never change.
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """What an optimiser step's loss is divided by, counted over the whole step."""
+
+    tokens: float  # loss tokens
+    # responses with at least one loss token (GRPO's and DCPO's per-response means are over
+    # the responses that train)
+    seqs: float
+    # every sampled response, masked-out ones included (Dr.GRPO's denominator never changes)
+    responses: float
 
 
 def _at_least_one(count: float | Tensor) -> float | Tensor:
@@ -153,57 +164,27 @@ def _per_seq_token_mean(loss: Tensor, mask: Tensor) -> Tensor:
     return (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B], empty row -> 0
 
 
-def token_mean(
-    loss: Tensor,
-    mask: Tensor,
-    *,
-    total_tokens: float,
-    total_seqs: float,
-    total_responses: float,
-    norm_len: float,
-) -> Tensor:
+def token_mean(loss: Tensor, mask: Tensor, counts: StepCounts, norm_len: float) -> Tensor:
     """DAPO (eq. 8): ``sum_i sum_t l mask / sum_i sum_t mask``."""
-    return (loss * mask.to(loss.dtype)).sum() / _at_least_one(total_tokens)
+    return (loss * mask.to(loss.dtype)).sum() / _at_least_one(counts.tokens)
 
 
-def seq_mean_token_mean(
-    loss: Tensor,
-    mask: Tensor,
-    *,
-    total_tokens: float,
-    total_seqs: float,
-    total_responses: float,
-    norm_len: float,
-) -> Tensor:
+def seq_mean_token_mean(loss: Tensor, mask: Tensor, counts: StepCounts, norm_len: float) -> Tensor:
     """GRPO (eq. 3), GSPO: ``mean_i (sum_t l mask / sum_t mask)``."""
-    return _per_seq_token_mean(loss, mask).sum() / _at_least_one(total_seqs)
+    return _per_seq_token_mean(loss, mask).sum() / _at_least_one(counts.seqs)
 
 
 def seq_mean_token_sum_norm(
-    loss: Tensor,
-    mask: Tensor,
-    *,
-    total_tokens: float,
-    total_seqs: float,
-    total_responses: float,
-    norm_len: float,
+    loss: Tensor, mask: Tensor, counts: StepCounts, norm_len: float
 ) -> Tensor:
     """Dr.GRPO (eq. 3): ``mean_i (sum_t l mask / L)`` with a constant L = norm_len, i over
-    every sampled response (``total_responses``), so no response's length or absence changes
-    the others' weight."""
+    every sampled response (``counts.responses``), so no response's length or absence
+    changes the others' weight."""
     summed = (loss * mask.to(loss.dtype)).sum()
-    return summed / (_at_least_one(total_responses) * norm_len)
+    return summed / (_at_least_one(counts.responses) * norm_len)
 
 
-def seq_sum_token_mean(
-    loss: Tensor,
-    mask: Tensor,
-    *,
-    total_tokens: float,
-    total_seqs: float,
-    total_responses: float,
-    norm_len: float,
-) -> Tensor:
+def seq_sum_token_mean(loss: Tensor, mask: Tensor, counts: StepCounts, norm_len: float) -> Tensor:
     """DCPO Only-Token-Mean: ``sum_i (sum_t l mask / sum_t mask)``, no mean over i."""
     return _per_seq_token_mean(loss, mask).sum()
 

@@ -19,7 +19,14 @@ from torch import Tensor, nn
 from rlcli.config import AlgoConfig, SamplerConfig
 from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
 from rlcli.ops.objective import Objective, policy_objective
-from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS, SURROGATES
+from rlcli.ops.policy_loss import (
+    AGGREGATIONS,
+    CLIP_BOUNDS,
+    KL_ESTIMATORS,
+    RATIOS,
+    SURROGATES,
+    StepCounts,
+)
 from rlcli.rollout.batch import Rollout
 from rlcli.runtime import distributed
 from rlcli.train.batch import TrainBatch
@@ -242,9 +249,11 @@ def learn(
         if len(mini) == 0 and distributed.world_size() == 1:
             continue  # fewer responses than mini-batches; other ranks may still have some
         mask_all = rollout.response_mask[mini]
-        total_tokens = distributed.all_sum(float(mask_all.sum()))
-        total_seqs = distributed.all_sum(float((mask_all.sum(-1) > 0).sum()))
-        total_responses = distributed.all_sum(float(len(mini)))
+        counts = StepCounts(
+            tokens=distributed.all_sum(float(mask_all.sum())),
+            seqs=distributed.all_sum(float((mask_all.sum(-1) > 0).sum())),
+            responses=distributed.all_sum(float(len(mini))),
+        )
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
         parts = micro_batches(rollout, mini, plan.micro_batch_size, plan.max_tokens)
@@ -265,9 +274,7 @@ def learn(
                 adv,
                 mask,
                 entropy,
-                total_tokens,
-                total_seqs,
-                total_responses,
+                counts,
                 sampled,
             )
             loss.backward()
