@@ -8,8 +8,10 @@ a user can fix (`ConfigError`) are printed as one paragraph with exit code 2, no
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 USAGE = """usage: rlcli <command> [overrides...]
@@ -47,27 +49,60 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _check_writable(argv: list[str]) -> None:
+    """Fail before Hydra starts when the run directory cannot be written: Hydra would stop at
+    its first file there with a traceback."""
+    if any(a in ("--help", "-h", "--hydra-help", "--info", "-c", "--cfg") for a in argv):
+        return  # Hydra prints and writes nothing
+    sweep = "-m" in argv or "--multirun" in argv
+    key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith(key)), None)
+    target = Path(given).expanduser() if given else Path.cwd() / ("multirun" if sweep else "runs")
+    existing = target.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        _fail(f"{key}{target}: {existing} is a file, not a directory; name a directory.")
+    if not os.access(existing, os.W_OK):
+        _fail(
+            f"{key}{target} cannot be written: {existing} is read-only (or not writable by "
+            "this user). A run writes its config, metrics and checkpoints there; choose a "
+            f"writable directory with {key}DIR."
+        )
+
+
 def _job(raw, work) -> None:
-    """One Hydra job: validate the composed config, then `work(cfg, run_dir)` in the job's dir."""
+    """One Hydra job: validate the composed config, then `work(cfg, run_dir)` in the job's dir,
+    which this process holds (`run_dir.claim`) while it works there."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
     from transformers.utils import logging as hf_logging
 
     from rlcli.config import ConfigError
     from rlcli.config.validate import validate
     from rlcli.train.guard import EXIT_CODES, RunStopped
+    from rlcli.train.run_dir import claim, record_config
 
     # rlcli draws its own progress bar; transformers' per-load bars would bury it.
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra = HydraConfig.get()
+    run_dir = Path(hydra.runtime.output_dir)
+    # What Hydra wrote in the run directory before the job started.
+    hydra_files = (hydra.output_subdir or ".hydra", f"{hydra.job.name}.log")
     try:
         cfg = validate(raw)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        work(cfg, run_dir)
+        # Under torchrun rank 0 holds the directory for all ranks.
+        command = f"rlcli {hydra.job.name} " + shlex.join(hydra.overrides.task)
+        holding = claim(run_dir, command, hydra_files)
+        with holding if os.environ.get("RANK", "0") == "0" else nullcontext():
+            if hydra.job.name != "train":  # train records its config once it knows it resumes
+                record_config(run_dir, cfg, command)
+            work(cfg, run_dir)
     except ConfigError as err:
         _fail(str(err))
+    except OSError as err:  # a file rlcli reads or writes: the disk, not the program
+        what = f"{err.strerror} ({err.filename})" if err.filename else str(err)
+        _fail(f"{what}. Checkpoints already written in {run_dir / 'checkpoints'} are intact.")
     except RunStopped as stop:
         print(f"\nrlcli: {stop}", file=sys.stderr)
         sys.exit(stop.exit_code)
@@ -150,6 +185,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
             f"under torchrun, rlcli {name} needs hydra.run.dir=DIR, so that every process "
             "writes to the same run directory."
         )
+    _check_writable(argv)
     full = with_default_sampler(argv)
     if len(full) > len(argv):
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)

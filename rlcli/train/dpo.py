@@ -29,12 +29,14 @@ from rlcli.rollout.batch import Rollout, rollout_from_tokens
 from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 from rlcli.runtime.seed import seed_everything
 from rlcli.train.checkpoint import (
+    apply_optimizer_settings,
     load_checkpoint,
     restore_rng,
     rng_state,
     save_checkpoint,
 )
 from rlcli.train.learner import micro_batches, token_logprobs
+from rlcli.train.run_dir import config_dict
 
 
 def encode_pairs(tokenizer, pairs: list[Pair], max_length: int, device) -> Rollout:
@@ -132,6 +134,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
     if checkpoint is not None:
         state, tensors = load_checkpoint(checkpoint)
         run.optimizer.load_state_dict(tensors["optimizer"])
+        apply_optimizer_settings(run.optimizer, t)
         run.step, run.pairs.position = state["step"], state["data_position"]
         restore_rng(state["rng"])
     return run
@@ -230,7 +233,11 @@ def held_out(run: DpoRun) -> dict[str, float]:
 
 def save(run: DpoRun, run_dir: Path) -> Path:
     """Write a checkpoint: the policy, the optimiser, the data position and the RNG states."""
-    state = {"data_position": run.pairs.position, "rng": rng_state()}
+    state = {
+        "data_position": run.pairs.position,
+        "rng": rng_state(),
+        "config": config_dict(run.cfg),
+    }
     return save_checkpoint(
         run_dir,
         run.step,

@@ -22,9 +22,10 @@ from rlcli.tracking.trackers import NoTracker, Tracker
 from rlcli.train import dpo
 from rlcli.train import run as rl
 from rlcli.train import step as rl_step
-from rlcli.train.checkpoint import remove_incomplete, resume_point
+from rlcli.train.checkpoint import read_state, remove_incomplete, resume_point
 from rlcli.train.guard import EXIT_WORKER_LOST, LoopGuard, RunStopped, resume_command
 from rlcli.train.held_out import EVAL_SEED, evaluate
+from rlcli.train.run_dir import check_resume, record_config
 
 
 @dataclass(frozen=True)
@@ -107,15 +108,30 @@ def train(cfg: Config, run_dir: Path) -> Path:
     t, trainer = cfg.trainer, TRAINERS[cfg.algo.objective]
     say = print if distributed.is_main() else lambda *_: None
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = resume_point(t.resume, run_dir)
-    if distributed.is_main():
+    main = distributed.is_main()
+    if main:
         for name in remove_incomplete(run_dir):
             say(f"rlcli: removed {name}, a checkpoint whose writing was interrupted")
+    checkpoint = resume_point(t.resume, run_dir, say, set_aside=main)
+    event = "started at step 0"
+    if checkpoint is not None:
+        # Before any model loads: a finished run, or one this command would change, ends here.
+        state = read_state(checkpoint)
+        if state["step"] >= t.max_steps:
+            say(
+                f"rlcli: this run is finished: {checkpoint} is step {state['step']} and "
+                f"trainer.max_steps={t.max_steps}; nothing to train. Raise trainer.max_steps "
+                "to train further."
+            )
+            return run_dir / "metrics.jsonl"
+        for line in check_resume(state.get("config"), cfg, checkpoint, state["step"]):
+            say(line)
+        event = f"resumed from {checkpoint} at step {state['step']}"
+    if main:
+        record_config(run_dir, cfg, f"{event}: {resume_command(run_dir)}")
     run = trainer.setup(cfg, checkpoint)
     if checkpoint is not None:
         say(f"rlcli: resuming from {checkpoint} (step {run.step})")
-        if run.step >= t.max_steps:
-            say(f"rlcli: step {run.step} reached trainer.max_steps; raise it to train further")
     world = distributed.world_size()
     processes = f" in {world} processes" if world > 1 else ""
     say(f"rlcli: {trainer.describe(run)}{processes}; writing to {run_dir}")

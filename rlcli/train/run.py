@@ -32,6 +32,7 @@ from rlcli.runtime.models import (
 from rlcli.runtime.seed import seed_everything
 from rlcli.tracking.trackers import RecordingScorer
 from rlcli.train.checkpoint import (
+    apply_optimizer_settings,
     load_checkpoint,
     python_rng_state,
     restore_rng,
@@ -41,6 +42,7 @@ from rlcli.train.checkpoint import (
 )
 from rlcli.train.critic import load_critic
 from rlcli.train.learner import TokenLogprobModel, objective_from_config
+from rlcli.train.run_dir import config_dict
 
 
 @dataclass
@@ -173,6 +175,7 @@ def run_state(run: Run) -> tuple[dict, dict]:
         "run_rng": python_rng_state(run.rng),
         "sampler": run.sampler.state_dict(),
         "world_size": distributed.world_size(),
+        "config": config_dict(run.cfg),  # what a resume compares its command with
     }
     tensors = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
     if run.critic_optimizer is not None:
@@ -194,9 +197,14 @@ def restore(run: Run, checkpoint: Path) -> None:
     else:
         run.optimizer.load_state_dict(tensors["optimizer"])
     run.scheduler.load_state_dict(tensors["scheduler"])
+    apply_optimizer_settings(run.optimizer, run.cfg.trainer, run.scheduler)
     if run.critic_optimizer is not None:
         run.critic_optimizer.load_state_dict(tensors["critic_optimizer"])
     run.step, run.beta = state["step"], state["beta"]
+    # β set anew on the command line replaces the saved one (which the KL controller may have
+    # moved); `run_dir.check_resume` has said so.
+    if state.get("config", {}).get("algo", {}).get("beta", run.cfg.algo.beta) != run.cfg.algo.beta:
+        run.beta = run.cfg.algo.beta
     run.prompts.position = state["data_position"]
     run.sas.load_state_dict(state["sas"])
     set_python_rng_state(run.rng, state["run_rng"])

@@ -1,0 +1,221 @@
+"""The run directory: one run owns it at a time, and what it says about the run is true.
+
+- `claim`: a run holds an exclusive OS lock (`flock`) on `.rlcli-run` in its directory for as
+  long as it lives; the kernel drops the lock when the process ends, however it ends, so a
+  killed run never blocks the next, and a second run started in the same directory stops at
+  once with the holder's PID. The same file marks the directory as rlcli's: a non-empty
+  directory without it (and without an older rlcli run's files) is someone else's, and rlcli
+  refuses to write there.
+- `resume_changes`: what a resumed run may change. Fields that shape the run (the model, the
+  data, the reward, the algorithm, the batch) must equal the checkpoint's; the optimiser's
+  hyperparameters and β are taken from the new command and announced; the rest (how long,
+  how often to save and evaluate, logging, memory and engine knobs) simply apply.
+- `record_config`: `config.yaml` is the config in force, followed by the directory's history
+  (each start and resume, with what changed) as comments, carried over from the previous file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rlcli.config import Config, ConfigError
+
+MARKER = ".rlcli-run"
+HISTORY = "# history of this run directory:"
+# Prefixes of fields a resumed run takes from the new command without comment: they say how
+# long and how often, or how to fit the work on the machine, not what is trained.
+FREE = (
+    "trainer.max_steps",
+    "trainer.save_every",
+    "trainer.keep_last",
+    "trainer.resume",
+    "trainer.max_bad_steps",
+    "trainer.eval_every",
+    "trainer.device",
+    "trainer.micro_batch_size",
+    "trainer.max_tokens_per_micro_batch",
+    "model.gradient_checkpointing",
+    "sampler.max_model_len",
+    "sampler.gpu_memory_utilization",
+    "sampler.tensor_parallel_size",
+    "sampler.cpu_kv_cache_gb",
+    "sampler.enforce_eager",
+    "sampler.workers",
+    "sampler.urls",
+    "sampler.async_rollout",
+    "sampler.transfer_address",
+    "sampler.worker_timeout_s",
+    "sampler.serve_port",
+    "reward.timeout_s",
+    "reward.batch_size",
+    "logger.",
+    "eval.",
+    "filter.",
+    "pairs.",
+)
+# Fields a resumed run takes from the new command from its next step on, with a line saying so
+# (the checkpoint's optimiser and β are overwritten with them).
+APPLIED = (
+    "trainer.lr",
+    "trainer.weight_decay",
+    "trainer.warmup_steps",
+    "trainer.max_grad_norm",
+    "algo.beta",
+    "algo.entropy_coef",
+)
+# Everything else is fixed for the life of a run: the model, data, reward, algorithm, sampling
+# distribution, batch shape, seed and precision. A change there is a different run.
+
+_held: dict[Path, int] = {}  # run directories this process holds: path -> the lock's fd
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_dict(cfg: Config) -> dict:
+    """The config as plain JSON-ready data (what a checkpoint keeps of the run that wrote it)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def kind_of_field(key: str) -> str:
+    """'free', 'applied' or 'fixed': what a resumed run does when `key` changed."""
+    if any(key == p or (p.endswith(".") and key.startswith(p)) for p in FREE):
+        return "free"
+    return "applied" if key in APPLIED else "fixed"
+
+
+def resume_changes(saved: dict, cfg: Config) -> dict[str, list[tuple[str, object, object]]]:
+    """The fields that differ from the checkpoint's config, by kind: {'fixed': [(key, old,
+    new)], 'applied': [...], 'free': [...]}. Fields one side lacks (added to rlcli since) are
+    not compared."""
+    old, new = _flat(saved), _flat(config_dict(cfg))
+    changes: dict[str, list] = {"fixed": [], "applied": [], "free": []}
+    for key in sorted(old.keys() & new.keys()):
+        if old[key] != new[key]:
+            changes[kind_of_field(key)].append((key, old[key], new[key]))
+    return changes
+
+
+def check_resume(saved: dict | None, cfg: Config, checkpoint: Path, step: int) -> list[str]:
+    """Lines to print for a resume from `checkpoint` (step `step`); a ConfigError when a field
+    that is fixed for the life of a run differs from the checkpoint's config."""
+    if saved is None:
+        return [f"rlcli: {checkpoint} does not record its config (an older rlcli wrote it): "
+                "the config is not compared with it."]  # fmt: skip
+    changes = resume_changes(saved, cfg)
+    if changes["fixed"]:
+        listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changes["fixed"])
+        raise ConfigError(
+            f"this command would continue {checkpoint} (step {step}), but it differs from that "
+            f"run in fields that cannot change mid-run: {listed}. A run keeps its model, data, "
+            "reward, algorithm, batch shape, seed and precision (README, Resuming). Either "
+            "write this run to a new directory (hydra.run.dir=NEW), or, if you meant to "
+            "start afresh rather than continue, set trainer.resume=null (it refuses a "
+            "directory that already holds checkpoints); or drop those overrides to continue."
+        )
+    lines = [
+        f"rlcli: {key} changed since step {step} ({old!r} -> {new!r}); it applies from step "
+        f"{step + 1}."
+        for key, old, new in changes["applied"]
+    ]
+    if changes["free"]:
+        listed = ", ".join(f"{k}={new!r}" for k, _, new in changes["free"])
+        lines.append(f"rlcli: taken from this command: {listed}.")
+    return lines
+
+
+def _is_rlcli_dir(run_dir: Path) -> bool:
+    """Whether rlcli has written here: its marker, or (an older rlcli's run) its config.yaml."""
+    if (run_dir / MARKER).is_file():
+        return True
+    try:
+        saved = OmegaConf.load(run_dir / "config.yaml")
+        return all(k in saved for k in ("algo", "trainer", "sampler", "model"))
+    except Exception:  # noqa: BLE001 - missing, unreadable or not YAML: not an rlcli config
+        return False
+
+
+def _refuse_foreign(run_dir: Path, hydra_files: tuple[str, ...]) -> None:
+    if _is_rlcli_dir(run_dir):
+        return
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in hydra_files)
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise ConfigError(
+            f"hydra.run.dir={run_dir} is not empty and is not an rlcli run directory (it holds "
+            f"{shown}). rlcli writes config.yaml, metrics.jsonl and checkpoints/ into its run "
+            "directory and would overwrite files of those names: give a new or empty directory "
+            "(hydra.run.dir=...), or the directory of an earlier rlcli run to continue it."
+        )
+
+
+def _holder(run_dir: Path) -> str:
+    try:
+        info = json.loads((run_dir / MARKER).read_text())
+        return f"PID {info['pid']}, started {info['started']}: {info['command']}"
+    except (OSError, ValueError, KeyError):
+        return "PID unknown"
+
+
+@contextmanager
+def claim(run_dir: Path, command: str = "rlcli", hydra_files: tuple[str, ...] = (".hydra",)):
+    """Hold `run_dir` for this process: refuse a foreign directory, then take the lock (a
+    ConfigError naming the holder's PID when another process has it). `command` is what the
+    lock file tells a second run; `hydra_files` are what Hydra itself wrote in the directory
+    before the job started. Re-entrant within one process."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _refuse_foreign(run_dir, hydra_files)
+    fd = os.open(run_dir / MARKER, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"another rlcli run is writing to {run_dir} ({_holder(run_dir)}). Two runs in one "
+            "directory would mix their metrics and overwrite each other's checkpoints. Wait "
+            "for it to end, stop it, or give this run another directory (hydra.run.dir=...)."
+        ) from None
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    info = json.dumps({"pid": os.getpid(), "started": started, "command": command})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, info.encode(), 0)
+    _held[run_dir] = fd
+    try:
+        yield
+    finally:
+        del _held[run_dir]
+        os.close(fd)  # releases the lock; the marker file stays, marking the directory
+
+
+def record_config(run_dir: Path, cfg: Config, event: str) -> None:
+    """Write config.yaml: the config in force now, then the directory's history (carried over
+    from the previous config.yaml) with `event` appended."""
+    path = Path(run_dir) / "config.yaml"
+    history: list[str] = []
+    if path.is_file():
+        text = path.read_text()
+        if HISTORY in text:
+            history = text[text.index(HISTORY) :].splitlines()[1:]
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    history.append(f"# {now} {event}")
+    (Path(run_dir) / MARKER).touch()
+    body = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    path.write_text(body + "\n" + HISTORY + "\n" + "\n".join(history) + "\n")
