@@ -1,8 +1,13 @@
 """Rewards on hand-written responses, including malformed ones; weighted mixes with each
 component logged; failures and time-outs isolated to the sample that caused them."""
 
+import ctypes
+import gc
 import math
+import os
+import sys
 import time
+from inspect import getsource
 from pathlib import Path
 
 import pytest
@@ -12,7 +17,7 @@ from rlcli.config import ConfigError
 from rlcli.config.validate import compose
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs, SasTracker, grpo_advantages
 from rlcli.rewards.rules import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
-from rlcli.rewards.scorer import Sample, Scorer, load_function
+from rlcli.rewards.scorer import Sample, Scorer
 from rlcli.train.shaping import informative_groups
 
 THINK_ANSWER = compose(["reward=format"]).reward.pattern
@@ -124,23 +129,13 @@ def test_countdown_component_reads_the_records_numbers_and_target():
     assert scores.total.tolist() == [1.0, 0.0]
 
 
-# A module-level reward function, loaded by reward.function=test_rewards:... below.
+# A module-level reward function, loaded by reward.function=test_rewards:fails_on_odd_numbers:
+# the worker finds this module on the sys.path of the process that started it.
 def fails_on_odd_numbers(prompts, responses, answers, **fields):
     for r in responses:
         if int(r) % 2:
             raise ValueError(f"odd response {r}")
     return [float(r) for r in responses]
-
-
-def hangs_on_seven(prompts, responses, answers, **fields):
-    if "7" in responses:
-        while True:  # a user's bug: never returns
-            pass
-    return [1.0] * len(responses)
-
-
-def uses_record_fields(prompts, responses, answers, difficulty, **fields):
-    return [None if d is None else float(d) for d in difficulty]
 
 
 def test_a_failing_sample_is_missing_and_the_rest_are_scored():
@@ -152,20 +147,147 @@ def test_a_failing_sample_is_missing_and_the_rest_are_scored():
     assert "ValueError: odd response 3" in scores.errors[0]
 
 
-def test_a_sample_that_hangs_times_out_alone():
-    s = scorer(
-        "reward=python", "reward.function=test_rewards:hangs_on_seven", "reward.timeout_s=0.2"
+# Reward functions copied into a file that the worker loads (reward.function=<file>:<name>):
+# a worker that imports this module imports torch with it, and starts in seconds, not ms.
+def uses_record_fields(prompts, responses, answers, difficulty, **fields):
+    return [None if d is None else float(d) for d in difficulty]
+
+
+def hangs_on_seven(prompts, responses, answers, **fields):
+    if "7" in responses:
+        while True:  # a user's bug: never returns
+            pass
+    return [1.0] * len(responses)
+
+
+def one_at_a_time_sleeps_on_seven(prompts, responses, answers, **fields):
+    (response,) = responses  # written for one response a call: a batch is a ValueError
+    if response == "7":
+        os.system("sleep 100")  # C's system() waits through signals: SIGALRM cannot stop it
+    return [float(response)]
+
+
+def misbehaves(prompts, responses, answers, **fields):
+    """A number's score is the number; a word misbehaves."""
+    out = []
+    for r in responses:
+        print(f"scoring {r}")  # prints go to stderr, not into the worker's replies
+        if r == "exit":
+            sys.exit(3)
+        elif r == "interrupt":
+            raise KeyboardInterrupt
+        elif r == "os_exit":
+            os._exit(1)
+        elif r == "segfault":
+            ctypes.string_at(0)
+        out.append("1.0" if r == "string" else float(r))
+    return out
+
+
+def prints(prompts, responses, answers, **fields):
+    print('{"scores": [0]}')
+    sys.stdout.flush()
+    os.write(1, b"from C\n")
+    return [True, 2, 3.5][: len(responses)]  # bool and int are numbers
+
+
+def torch_is_loaded(prompts, responses, answers, **fields):
+    return [float("torch" in sys.modules) for _ in responses]
+
+
+IN_A_FILE = [fails_on_odd_numbers, uses_record_fields, hangs_on_seven]
+IN_A_FILE += [one_at_a_time_sleeps_on_seven, misbehaves, prints, torch_is_loaded]
+
+
+@pytest.fixture
+def from_file(tmp_path):
+    """(function name, *overrides) -> a scorer of that function, loaded from a file."""
+    path = tmp_path / "rewards.py"
+    path.write_text("\n\n".join(["import ctypes, os, sys"] + [getsource(f) for f in IN_A_FILE]))
+    return lambda name, *overrides: scorer(
+        "reward=python", f"reward.function={path}:{name}", *overrides
     )
+
+
+def test_a_batch_call_that_hangs_spends_the_batch_time_once(from_file):
+    s = from_file("hangs_on_seven", "reward.timeout_s=0.5")
     start = time.perf_counter()
+    # 3 x 0.5 s in all: the batch call gets half, then each sample alone finds the culprit
+    # ("7" spends its 0.5 s again); the others are scored and the run goes on.
     scores = s(samples("1", "7", "2"))
-    # The batch call times out (3 x 0.2 s), then each sample alone: only "7" times out again.
-    assert time.perf_counter() - start < 3
+    assert time.perf_counter() - start < 1.5 + 0.4  # the budget, and fresh workers started
+    assert scores.total[[0, 2]].tolist() == [1.0, 1.0]
     assert scores.missing.tolist() == [False, True, False]
-    assert "RewardTimeout" in scores.errors[0]
+    assert scores.errors == ["python: RewardTimeout: took longer than reward.timeout_s=0.5 s"]
+    assert s(samples("1", "2")).total.tolist() == [1.0, 1.0]
 
 
-def test_python_reward_gets_the_records_fields_and_none_means_missing():
-    s = scorer("reward=python", "reward.function=test_rewards:uses_record_fields")
+def test_a_sample_stuck_in_c_costs_at_most_timeout_s(from_file):
+    s = from_file("one_at_a_time_sleeps_on_seven", "reward.timeout_s=1")
+    start = time.perf_counter()
+    scores = s(samples("1", "7", "2", "3"))
+    assert time.perf_counter() - start < 4  # the batch's 4 x 1 s, however it is spent
+    assert scores.total[[0, 2, 3]].tolist() == [1.0, 2.0, 3.0]
+    assert scores.missing.tolist() == [False, True, False, False]
+    assert scores.errors == ["python: RewardTimeout: took longer than reward.timeout_s=1 s"]
+    assert s(samples("4")).total.tolist() == [4.0]
+
+
+@pytest.mark.parametrize(
+    ("word", "named"),
+    [
+        ("exit", "python: SystemExit: 3"),
+        ("interrupt", "python: KeyboardInterrupt"),
+        ("os_exit", "python: the reward worker exited with code 1"),
+        ("segfault", "python: the reward worker was killed by SIGSEGV"),
+        ("string", "python: returned '1.0', a str, not a number"),
+    ],
+)
+def test_a_function_that_exits_crashes_or_returns_a_string_costs_that_sample(
+    from_file, word, named
+):
+    s = from_file("misbehaves")
+    scores = s(samples("1", word, "2"))
+    assert scores.total[[0, 2]].tolist() == [1.0, 2.0]
+    assert scores.missing.tolist() == [False, True, False]
+    assert scores.errors == [named] and scores.metrics()["reward/errors"] == 1
+    assert s(samples("3", "4")).total.tolist() == [3.0, 4.0]  # and the scorer goes on
+
+
+def test_what_a_function_prints_goes_to_stderr(from_file, capfd):
+    scores = from_file("prints")(samples("a", "b", "c"))
+    assert scores.total.tolist() == [1.0, 2.0, 3.5]
+    out, err = capfd.readouterr()
+    assert '{"scores": [0]}' in err and "from C" in err and "from C" not in out
+
+
+def test_the_worker_does_not_load_torch_and_goes_with_its_scorer(from_file):
+    s = from_file("torch_is_loaded")
+    assert s(samples("a")).total.tolist() == [0.0]
+    process = s.worker._proc
+    del s
+    gc.collect()
+    assert process.returncode is not None  # killed and reaped
+
+
+def test_a_module_reward_imports_installed_packages_before_the_current_directory(
+    tmp_path, monkeypatch
+):
+    cfg = compose(["sampler=hf", "reward=python", "reward.function=yaml_reward:score"])
+    (tmp_path / "yaml.py").write_text("raise ImportError('the current directory has yaml.py')\n")
+    (tmp_path / "yaml_reward.py").write_text(
+        "import yaml\n\n"
+        "def score(prompts, responses, answers, **fields):\n"
+        "    return [yaml.safe_load(r) for r in responses]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "yaml")  # an import in this process would look again
+    s = Scorer(cfg.reward, cfg.sampler.max_new_tokens, torch.device("cpu"), "float32")
+    assert s(samples("1", "2.5")).total.tolist() == [1.0, 2.5]
+
+
+def test_python_reward_gets_the_records_fields_and_none_means_missing(from_file):
+    s = from_file("uses_record_fields")
     batch = samples("a", record={"difficulty": 3}) + samples("b", record={"other": 1})
     scores = s(batch)
     assert scores.total[0].item() == 3.0 and math.isnan(scores.total[1].item())
@@ -185,13 +307,22 @@ def test_python_reward_loads_from_a_file(tmp_path):
     [
         ("no_colon", "is not of the form"),
         ("surely_not_a_module_xyz:f", "importing surely_not_a_module_xyz failed"),
-        ("test_rewards:not_there", "has no function 'not_there'"),
+        ("json:not_there", "json has no function 'not_there'"),
         ("/nowhere/r.py:f", "no such file"),
     ],
 )
 def test_bad_python_reward_specs_are_named(spec, named):
     with pytest.raises(ConfigError, match=named):
-        load_function(spec)
+        scorer("reward=python", f"reward.function={spec}")
+
+
+def test_a_module_that_exits_while_imported_is_a_config_error(tmp_path):
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(2)\n")
+    (tmp_path / "dies.py").write_text("import os\nos._exit(2)\n")
+    with pytest.raises(ConfigError, match=r"importing .*exits.py failed \(SystemExit: 2\)"):
+        scorer("reward=python", f"reward.function={tmp_path / 'exits.py'}:f")
+    with pytest.raises(ConfigError, match="the reward worker exited with code 2 while importing"):
+        scorer("reward=python", f"reward.function={tmp_path / 'dies.py'}:f")
 
 
 @pytest.mark.parametrize(
@@ -231,8 +362,8 @@ def test_missing_rewards_are_left_out_of_group_statistics():
     assert informative_groups(rewards).tolist() == [True, False, True]
 
 
-def test_a_step_where_every_reward_fails_stops_with_the_first_error():
-    s = scorer("reward=python", "reward.function=test_rewards:fails_on_odd_numbers")
+def test_a_step_where_every_reward_fails_stops_with_the_first_error(from_file):
+    s = from_file("fails_on_odd_numbers")
     with pytest.raises(
         ConfigError, match="No response of this batch could be scored .* ValueError: odd response 1"
     ):

@@ -18,19 +18,22 @@ import torch
 from torch import Tensor
 
 from rlcli.config import ConfigError
+from rlcli.runtime.models import check_model_path, load_pretrained, load_tokenizer
+
+_KEY = "reward.model_path"  # the config field both models are loaded from
 
 
 def _load_frozen(auto_class, path: str, device: torch.device, dtype: str):
-    """A model and its tokenizer, frozen, set up so a row scores the same alone or batched."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    """A model and its tokenizer, frozen, set up so a row scores the same alone or batched;
+    a path or hub id that holds no readable model is a ConfigError naming reward.model_path."""
+    path = check_model_path(path, _KEY)
+    tokenizer = load_tokenizer(path, _KEY)  # a tokenizer with no padding token pads with EOS
     # Right padding: a causal model never attends to the padding after a row, and positions
     # need no correction. Left truncation: keep the end of the response.
     tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
-    model = auto_class.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    model = load_pretrained(
+        auto_class, path, _KEY, "the reward model", dtype=getattr(torch, dtype)
+    ).to(device)
     # Sequence-classification heads read the rightmost token that is not config.pad_token_id:
     # that must be the id we pad with, or a padded row is read at a padding position.
     model.config.get_text_config().pad_token_id = tokenizer.pad_token_id

@@ -6,22 +6,20 @@ a response's reward is the weighted sum, plus DAPO's soft overlong punishment wh
 a weight of 0 logs a component without training on it. A component that raises or runs past
 `reward.timeout_s` on one sample marks that sample as missing (NaN): the trainer gives it no
 gradient and counts it in `reward/errors`, and the run goes on. The rules themselves are in
-`rlcli.rewards`.
+`rlcli.rewards`; they run in this process, under a SIGALRM time limit. The user's function
+(`reward=python`) runs in a worker process (`rlcli.rewards.worker`), so that one that hangs
+in C code, exits, crashes or prints costs its samples, not the run.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import math
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -31,6 +29,7 @@ from rlcli.data.countdown import countdown_score
 from rlcli.data.problems import Problem
 from rlcli.ops.policy_loss import overlong_penalty
 from rlcli.rewards.rules import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
+from rlcli.rewards.worker import BadSpec, FunctionWorker, WorkerLost, as_score, describe
 
 log = logging.getLogger("rlcli")
 
@@ -88,9 +87,9 @@ def nanmean(values: Tensor) -> float:
 
 
 class RewardTimeout(BaseException):
-    """Raised inside a reward call that outlives its time limit.
+    """Raised inside a rule (RULES) that outlives its time limit.
 
-    A BaseException, so that a user's `except Exception:` cannot swallow it.
+    A BaseException, so that an `except Exception:` in the rule cannot swallow it.
     """
 
 
@@ -117,57 +116,8 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _as_score(value) -> float:
-    """A finite float, or NaN for None (the function's way of saying 'no score')."""
-    if value is None:
-        return math.nan
-    score = float(value)
-    if not math.isfinite(score):
-        raise ValueError(f"returned {value!r}, not a finite number")
-    return score
-
-
-def describe(err: BaseException) -> str:
-    """'Type: first line of the message', for one-line reports."""
-    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
-
-
 def _failure(name: str, err: BaseException) -> str:
     return f"{name}: {describe(err)}"
-
-
-def load_function(spec: str) -> Callable:
-    """The user's reward function from 'package.module:function' or 'path/file.py:function'."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(
-            f"reward.function={spec!r} is not of the form 'package.module:function' or "
-            "'path/to/file.py:function'."
-        )
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"reward.function={spec!r}: no such file {path}.")
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            # The console script's sys.path lacks the directory rlcli was started from.
-            if "" not in sys.path and str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))
-            module = importlib.import_module(module_name)
-    except ConfigError:
-        raise
-    except Exception as err:  # the user's module failed to import: show why, briefly
-        raise ConfigError(
-            f"reward.function={spec!r}: importing {module_name} failed ({describe(err)})."
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"reward.function={spec!r}: {module_name} has no function {attr!r}.")
-    return fn
 
 
 class Scorer:
@@ -178,7 +128,7 @@ class Scorer:
 
         self.cfg, self.max_new_tokens = cfg, max_new_tokens
         names = set(cfg.components)
-        self.function = load_function(cfg.function) if "python" in names else None
+        self.worker = start_worker(cfg.function) if "python" in names else None
         model_args = (cfg.model_path, device, dtype, cfg.batch_size, cfg.max_length)
         self.orm = OutcomeRewardModel(*model_args) if "reward_model" in names else None
         self.prm = (
@@ -230,44 +180,81 @@ class Scorer:
         for sample in samples:
             try:
                 with time_limit(self.cfg.timeout_s):
-                    scores.append(_as_score(rule(sample, self.cfg)))
+                    scores.append(as_score(rule(sample, self.cfg)))
             except (Exception, RewardTimeout) as err:
                 errors.append(_failure(name, err))
                 scores.append(math.nan)
         return torch.tensor(scores)
 
-    def _call_function(self, samples: list[Sample]) -> list[float]:
-        """fn(prompts, responses, answers, **record fields) -> one score (or None) per sample."""
-        records = [s.record for s in samples]
-        reserved = {"prompts", "responses", "answers"}
-        keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
-        out = self.function(
-            prompts=[s.question for s in samples],
-            responses=[s.response for s in samples],
-            answers=[s.answer for s in samples],
-            **{k: [r.get(k) for r in records] for k in keys},
-        )
-        out = list(out)
-        if len(out) != len(samples):
-            raise ValueError(f"returned {len(out)} scores for {len(samples)} responses")
-        return [_as_score(v) for v in out]
-
     def _python(self, samples: list[Sample], errors: list[str]) -> Tensor:
-        """The whole batch in one call; if that fails, one call per sample to isolate it."""
-        try:
-            with time_limit(self.cfg.timeout_s * len(samples)):
-                return torch.tensor(self._call_function(samples))
-        except (Exception, RewardTimeout):
-            pass
-        scores = []
+        """The whole batch in one call to the worker, with reward.timeout_s per sample.
+
+        The batch has timeout_s x B in all. The one call gets half of it (all of it for one
+        sample); if it fails or runs past that (an exception, the worker's death, a hang),
+        each sample is called alone to find which failed, with min(timeout_s, what is left),
+        so a sample that hangs costs its timeout_s and the others are still scored; samples
+        left when the time is spent are timeouts. Restarting a worker that died or was
+        killed is part of the time spent."""
+        n, timeout = len(samples), self.cfg.timeout_s
+        budget = timeout * n
+        first = self.worker.call(function_kwargs(samples), budget if n == 1 else budget / 2)
+        if first.error is None:
+            errors.extend(f"python: {why}" for why in first.invalid.values())
+            return torch.tensor(first.scores)
+        if n == 1:
+            late = f"RewardTimeout: took longer than reward.timeout_s={timeout:g} s"
+            errors.append(f"python: {late if first.timed_out else first.error}")
+            return torch.full((1,), math.nan)
+        spent, scores = first.seconds, []
         for sample in samples:
-            try:
-                with time_limit(self.cfg.timeout_s):
-                    scores.append(self._call_function([sample])[0])
-            except (Exception, RewardTimeout) as err:
-                errors.append(_failure("python", err))
+            left = budget - spent
+            if left <= 0:
+                errors.append(
+                    f"python: RewardTimeout: not called, the batch's {budget:g} s are spent"
+                )
                 scores.append(math.nan)
+                continue
+            limit = min(timeout, left)
+            one = self.worker.call(function_kwargs([sample]), limit)
+            spent += one.seconds
+            why = one.error or one.invalid.get(0)
+            if one.timed_out:
+                late = f"reward.timeout_s={timeout:g} s"
+                if limit < timeout:
+                    late = f"the {limit:.2g} s left of the batch's {budget:g} s"
+                why = f"RewardTimeout: took longer than {late}"
+            if why:
+                errors.append(f"python: {why}")
+            scores.append(math.nan if one.error else one.scores[0])
         return torch.tensor(scores)
+
+    def close(self) -> None:
+        """Stop the reward worker, if any (garbage collection and exit stop it too)."""
+        if self.worker is not None:
+            self.worker.close()
+
+
+def start_worker(spec: str) -> FunctionWorker:
+    """The worker for reward.function, its function imported; ConfigError if it cannot be."""
+    try:
+        return FunctionWorker(spec)
+    except BadSpec as err:
+        raise ConfigError(str(err)) from None
+    except WorkerLost as err:
+        raise ConfigError(f"reward.function={spec!r}: {err} while importing it.") from None
+
+
+def function_kwargs(samples: list[Sample]) -> dict[str, list]:
+    """fn(prompts, responses, answers, **record fields): each a list, one entry per sample."""
+    records = [s.record for s in samples]
+    reserved = {"prompts", "responses", "answers"}
+    keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
+    return {
+        "prompts": [s.question for s in samples],
+        "responses": [s.response for s in samples],
+        "answers": [s.answer for s in samples],
+        **{k: [r.get(k) for r in records] for k in keys},
+    }
 
 
 def check_reward_fields(cfg: Config, problems: list[Problem]) -> None:
