@@ -1,9 +1,9 @@
-"""Bad input to the real `rlcli train`: each case exits with code 2 and one message naming the
-bad value and what would be valid, and prints no Python traceback."""
+"""Bad input and faults, tried on the real `rlcli train` through scripts/bad_input.py (which
+also prints the README's table and its tally): each bad input exits with code 2 and one
+message naming the bad value and what would be valid, with no Python traceback; each fault
+leaves no run silently wrong."""
 
-import json
-import os
-import subprocess
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,95 +11,31 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["model=tiny", "reward=space_rate", "trainer.max_steps=1"]
+_spec = importlib.util.spec_from_file_location("bad_input", REPO / "scripts" / "bad_input.py")
+bad_input = importlib.util.module_from_spec(_spec)
+sys.modules["bad_input"] = bad_input
+_spec.loader.exec_module(bad_input)
 
 
-def rlcli_train(tmp_path: Path, *overrides: str, env: dict | None = None):
-    command = [sys.executable, "-m", "rlcli", "train", *overrides, f"hydra.run.dir={tmp_path}/run"]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-def no_vllm_env(tmp_path: Path) -> dict:
-    """An environment in which vLLM looks uninstalled. This is the one simulated case: vLLM is
-    installed on this machine, so a `sitecustomize` puts None in sys.modules["vllm"], which
-    makes importlib report it missing, as on a machine without it."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text('import sys\nsys.modules["vllm"] = None\n')
-    return {**os.environ, "PYTHONPATH": str(site)}
-
-
-CASES = {
-    "unknown group choice": (
-        ["algo=nope"],
-        "algo=nope is not one of the valid choices for algo: dapo, dcpo, dpo, dr_grpo, dupo, "
-        "grpo, gspo, gspo_token, ppo, rloo.",
-    ),
-    "unknown key": (
-        ["trainer.max_stpes=3"],
-        "trainer.max_stpes is not a config key: trainer has no 'max_stpes'. Did you mean "
-        "trainer.max_steps?",
-    ),
-    "wrong type": (
-        ["trainer.max_steps=ten"],
-        "Invalid config value at trainer.max_steps: Value 'ten' of type 'str' could not be "
-        "converted to Integer",
-    ),
-    "missing data file": (
-        ["data=jsonl", "data.path=/nonexistent/train.jsonl"],
-        "data.path=/nonexistent/train.jsonl: no such file.",
-    ),
-    "empty data file": (
-        ["data=jsonl", "data.path={tmp}/empty.jsonl"],
-        "data.path={tmp}/empty.jsonl holds no records: the file is empty.",
-    ),
-    "records missing the configured fields": (
-        ["data=jsonl", "data.path={tmp}/fields.jsonl"],
-        "There is no field 'question' in",
-    ),
-    "model path that does not exist": (
-        ["model.path=/nonexistent/model"],
-        "model.path=/nonexistent/model does not exist.",
-    ),
-    "prompt longer than allowed": (
-        ["sampler.max_prompt_tokens=20"],
-        "prompts of data=arith are longer than sampler.max_prompt_tokens=20",
-    ),
-    "group size 1 for a group-based algorithm": (
-        ["algo=grpo", "trainer.group_size=1"],
-        "trainer.group_size=1 is too small for algo.advantage=grpo",
-    ),
-    "vLLM asked for but not installed": (
-        ["sampler=vllm"],
-        "sampler=vllm needs vLLM, which is not installed.",
-    ),
-    "CUDA asked for but absent": (
-        ["trainer.device=cuda"],
-        "trainer.device=cuda was asked for but this machine has no CUDA GPU",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", bad_input.BAD_INPUTS, ids=lambda c: c.name)
 def test_bad_input_exits_2_with_a_message_and_no_traceback(tmp_path, case):
-    if case == "CUDA asked for but absent" and torch.cuda.is_available():
+    if case.name.startswith("CUDA") and torch.cuda.is_available():
         pytest.skip("this machine has CUDA, so asking for it is not an error here")
-    write_jsonl(tmp_path / "empty.jsonl", [])
-    write_jsonl(tmp_path / "fields.jsonl", [{"problem": "1+1?", "answer": "2"}] * 3)
-    overrides, expected = CASES[case]
-    overrides = [o.replace("{tmp}", str(tmp_path)) for o in overrides]
-    env = no_vllm_env(tmp_path) if case.startswith("vLLM") else None
-    sampler = [] if any(o.startswith("sampler=") for o in overrides) else ["sampler=hf"]
-    out = rlcli_train(tmp_path, *TINY, *sampler, *overrides, env=env)
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert "Traceback" not in out.stdout + out.stderr
-    message = out.stderr.strip().splitlines()[-1]
-    assert message.startswith("rlcli: error: ")
-    assert expected.replace("{tmp}", str(tmp_path)) in message
-    # Nothing was trained or written but the resolved config.
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert bad_input.try_bad_input(case, tmp_path) is None
+
+
+@pytest.mark.parametrize("fault", bad_input.FAULTS, ids=lambda f: f.__name__)
+def test_fault_leaves_no_run_silently_wrong(tmp_path, fault):
+    assert fault(tmp_path) is None
+
+
+def test_the_tally_counts_failures(tmp_path, capsys):
+    # A case whose expected words are wrong must count as unclear, and make the script fail.
+    wrong = bad_input.BadInput("wrong words", ["algo=nope"], "words rlcli never prints")
+    assert bad_input.try_bad_input(wrong, tmp_path) is not None
+    bad_input.BAD_INPUTS.append(wrong)
+    try:
+        assert bad_input.main_(["--only", "wrong words"]) == 1
+    finally:
+        bad_input.BAD_INPUTS.remove(wrong)
+    assert "1 bad inputs, 0 clean errors, 0 tracebacks; 0 faults" in capsys.readouterr().out

@@ -2,6 +2,8 @@
 
 import dataclasses
 import re
+import types
+import typing
 
 import pytest
 from yaml import safe_load
@@ -126,3 +128,54 @@ def test_old_logp_auto_corrects_the_mismatch_only_where_compute_is_bfloat16():
     assert compose(["trainer.bf16_autocast=false"]).sampler.old_logp == "learner"
     assert compose(["sampler=hf"]).sampler.old_logp == "learner"
     assert compose(["sampler.old_logp=learner"]).sampler.old_logp == "learner"
+
+
+def float_fields():
+    """Every float field of the schema, as (key, whether it is a list of floats)."""
+    for section in dataclasses.fields(Config):
+        for field, hint in typing.get_type_hints(section.default_factory).items():
+            kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+            if float in kinds:
+                yield f"{section.name}.{field}", False
+            elif any(
+                typing.get_origin(k) is list and typing.get_args(k) == (float,) for k in kinds
+            ):
+                yield f"{section.name}.{field}", True
+
+
+def test_the_float_fields_include_the_ones_users_set():
+    keys = {key for key, _ in float_fields()}
+    assert {
+        "trainer.lr",
+        "sampler.temperature",
+        "algo.beta",
+        "algo.eps_low",
+        "algo.eps_high",
+    } < keys
+    assert {"reward.weights", "eval.temperature", "algo.dual_clip", "algo.kl_target"} < keys
+
+
+@pytest.mark.parametrize(("key", "is_list"), list(float_fields()))
+def test_nan_in_any_float_field_is_refused_by_name(key, is_list):
+    value = "[nan]" if is_list else "nan"
+    expected = f"{key}=[nan] holds a value that is not" if is_list else f"{key}=nan is not"
+    with pytest.raises(ConfigError, match=re.escape(f"{expected} a finite number; nan and inf")):
+        compose([f"{key}={value}"])
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("trainer.lr=inf", "trainer.lr=inf is not a finite number"),
+        ("sampler.temperature=-inf", "sampler.temperature=-inf is not a finite number"),
+        ("algo.beta=NaN", "algo.beta=nan is not a finite number"),
+        (
+            "reward.weights=[1.0,inf]",
+            "reward.weights=[1.0, inf] holds a value that is not a finite",
+        ),
+        ("eval.temperature=inf", "eval.temperature=inf is not a finite number"),
+    ],
+)
+def test_inf_and_minus_inf_are_refused_by_name(override, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        compose(["reward=math_format", override])

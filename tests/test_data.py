@@ -6,6 +6,7 @@ The fixtures in tests/fixtures/ are hand-written records in the hub datasets' ow
 
 import json
 import random
+import re
 import time
 from dataclasses import fields, replace
 from fractions import Fraction
@@ -23,7 +24,7 @@ from rlcli.data import DATASETS, load_splits
 from rlcli.data.countdown import MAX_EXPRESSION_CHARS, countdown_problem, countdown_score
 from rlcli.data.generated import arith_splits
 from rlcli.data.problems import PromptStream, render_prompt, write_records
-from rlcli.data.records import ANSWER_FORMATS, boxed_answer, gsm8k_answer
+from rlcli.data.records import ANSWER_FORMATS, boxed_answer, gsm8k_answer, read_texts
 from rlcli.runtime.models import load_tokenizer, smollm2_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -445,6 +446,109 @@ def test_file_errors_name_the_path(tmp_path):
         load_splits(data_cfg("parquet", path=str(garbage)))
     with pytest.raises(ConfigError, match=f"data.test_path={missing}: no such file"):
         load_splits(data_cfg("gsm8k", path=str(FIXTURES / "gsm8k.jsonl"), test_path=str(missing)))
+
+
+GOOD = b'{"question": "What is 1 + 1?", "answer": "2"}\n'
+
+
+BAD_RECORDS = {
+    # A bad byte in a key (datasets fails) and in a value (datasets loads it, then fails when
+    # the rows are read): both are found before datasets reads the file.
+    "key.jsonl": (
+        GOOD * 2 + b'{"q\xffuestion": "x", "answer": "4"}\n',
+        "line 3 is not UTF-8 text (byte 0xff at column 4)",
+    ),
+    "value.jsonl": (
+        GOOD + b'{"question": "caf\xe9", "answer": "4"}\n',
+        "line 2 is not UTF-8 text (byte 0xe9 at column 18)",
+    ),
+    "comma.jsonl": (
+        GOOD * 2 + b'{"question": "3 + 3?" "answer": "6"}\n',
+        "line 3 is not valid JSON (Expecting ',' delimiter at column 23)",
+    ),
+    "cut.jsonl": (
+        GOOD + b'{"question": "3 + 3?", "ans\n',
+        "line 2 is not valid JSON (Invalid control character at column 28)",
+    ),
+    "list.jsonl": (GOOD + b'["3 + 3?", "6"]\n', "line 2 holds a JSON list, not a record"),
+    "trailing.json": (
+        b'[{"question": "1 + 1?", "answer": "2"},\n {"question": "2", "answer": "2"},\n]\n',
+        "line 3 is not valid JSON (Expecting value at column 1)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_RECORDS))
+def test_a_file_that_is_not_utf8_or_not_json_names_the_line(tmp_path, name):
+    content, expected = BAD_RECORDS[name]
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        load_splits(data_cfg("jsonl", path=str(path), num_test=0))
+    assert str(err.value).startswith(f"data.path={path}: {expected}"), str(err.value)
+
+
+def test_json_records_over_several_lines_with_a_bom_or_crlf_still_read(tmp_path):
+    rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "2 + 2?", "answer": "4"}]
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(json.dumps(r, indent=1).encode() for r in rows))
+    train, _ = load_splits(data_cfg("jsonl", path=str(path), num_test=0))
+    assert [(p.question, p.answer) for p in train] == [(r["question"], r["answer"]) for r in rows]
+
+
+def test_a_directory_where_a_file_belongs_is_named(tmp_path):
+    gsm8k = str(FIXTURES / "gsm8k.jsonl")
+    for key, cfg in [
+        ("data.path", data_cfg("jsonl", path=str(tmp_path))),
+        ("data.test_path", data_cfg("gsm8k", path=gsm8k, test_path=str(tmp_path))),
+        ("data.path", data_cfg("pairs", path=str(tmp_path))),  # DPO's pairs
+    ]:
+        with pytest.raises(
+            ConfigError, match=re.escape(f"{key}={tmp_path} is a directory, not a file")
+        ):
+            load_splits(cfg)
+    with pytest.raises(ConfigError, match=re.escape(f"algo.ptx_path={tmp_path} is a directory")):
+        read_texts(str(tmp_path))
+
+
+def test_a_relative_data_path_that_is_missing_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    where = tmp_path / "data" / "train.jsonl"
+    expected = f"data.path=data/train.jsonl: no such file (looked for at {where})"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_splits(data_cfg("jsonl", path="data/train.jsonl"))
+
+
+PTX_ERRORS = {
+    "missing.txt": (None, ": no such file"),
+    "latin1.txt": (
+        b"first\nsecond t\xe9xt\n",
+        ": line 2 is not UTF-8 text (byte 0xe9 at column 9)",
+    ),
+    "bad.jsonl": (
+        b'{"text": "a"}\n\n{"text": "b",}\n',
+        ": line 3 is not a JSON object with a 'text'",
+    ),
+    "no_text.jsonl": (b'{"text": "a"}\n{"content": "b"}\n', ": line 2 is not a JSON object"),
+    "blank.txt": (b"\n \n", " holds no text."),
+}
+
+
+@pytest.mark.parametrize("name", list(PTX_ERRORS))
+def test_ptx_text_errors_name_the_file_and_line(tmp_path, name):
+    content, expected = PTX_ERRORS[name]
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError, match=re.escape(f"algo.ptx_path={path}{expected}")):
+        read_texts(str(path))
+
+
+def test_ptx_text_reads_lines_and_jsonl_text_fields(tmp_path):
+    (tmp_path / "t.txt").write_bytes("one\r\n\ntwo \u00e9\n".encode())
+    (tmp_path / "t.jsonl").write_text('{"text": "one"}\n\n{"text": "two", "id": 2}\n')
+    assert read_texts(str(tmp_path / "t.txt")) == ["one", "two \u00e9"]
+    assert read_texts(str(tmp_path / "t.jsonl")) == ["one", "two"]
 
 
 def test_a_missing_field_names_the_row_and_the_fields_present(tmp_path):

@@ -1,5 +1,9 @@
 """Outcome and process reward models on tiny random Llama models with SmolLM2's tokenizer,
-and the pure helpers that turn step scores into per-token tensors for grpo_process."""
+the pure helpers that turn step scores into per-token tensors for grpo_process, and the
+messages for a model.path or reward.model_path that holds no loadable model."""
+
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -297,3 +301,140 @@ def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
     assert any(len(set(row[m].tolist())) > 1 for row, m in rows)
     step = train_step(run)
     assert step["grad_norm"] > 0 and 0 < step["reward/process"] < 1  # mean step probability
+
+
+# --- model directories a user names: model.path and reward.model_path ------------------------
+
+
+def _load_policy(path: str):
+    """What `rlcli train` does with model.path: resolve it, load the tokenizer, then the model."""
+    from rlcli.config import ModelConfig
+    from rlcli.runtime.models import load_causal_lm, load_tokenizer, resolve_model_path
+
+    cfg = ModelConfig("hub", "hub", path, False, 2, 64, 2)
+    resolved = resolve_model_path(cfg, seed=0)
+    load_tokenizer(resolved)
+    return load_causal_lm(resolved, "float32", CPU)
+
+
+def _load_orm(path: str):
+    return OutcomeRewardModel(path, CPU, "float32", 2, 64)
+
+
+def _load_prm(path: str):
+    return ProcessRewardModel(path, CPU, "float32", 2, 64, "\n\n", TAG)
+
+
+LOADERS = {"model.path": _load_policy, "reward.model_path": _load_orm, "process": _load_prm}
+
+
+@pytest.fixture(scope="module")
+def broken_dirs(tmp_path_factory, tiny_model_dir):
+    """{case: path} of directories and files that are not a loadable model."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("broken")
+
+    def copy(name, drop=(), files=None):
+        out = root / name
+        shutil.copytree(tiny_model_dir, out, ignore=shutil.ignore_patterns(*drop))
+        for file, content in (files or {}).items():
+            (out / file).write_bytes(content)
+        return str(out)
+
+    (root / "empty").mkdir()
+    (root / "file.bin").write_bytes(b"not a model")
+    return {
+        "empty": str(root / "empty"),
+        "file": str(root / "file.bin"),
+        "no weights": copy("no_weights", drop=["*.safetensors"]),
+        "corrupt weights": copy("corrupt", files={"model.safetensors": b"\x08\x00\x00\x00garbage"}),
+        "truncated weights": copy("truncated", files={"model.safetensors": b"{}" * 3}),
+        "config not JSON": copy("bad_config", files={"config.json": b'{"model_type": llama'}),
+        "no tokenizer": copy("no_tokenizer", drop=["tokenizer*"]),
+    }
+
+
+BROKEN = {
+    "empty": "holds no config.json: not a Hugging Face model directory",
+    "file": "is a file, not a directory",
+    "no weights": "could not be loaded from it: Error no file named model.safetensors",
+    "corrupt weights": "could not be loaded from it: Error while deserializing header",
+    "truncated weights": "could not be loaded from it: Error while deserializing header",
+    "config not JSON": "its config.json is not valid JSON (Expecting value: line 1 column 16",
+    "no tokenizer": "holds no tokenizer (none of tokenizer.json, tokenizer_config.json",
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_a_directory_that_is_no_model_is_named_with_what_is_wrong(broken_dirs, loader, case):
+    key = "model.path" if loader == "model.path" else "reward.model_path"
+    path = broken_dirs[case]
+    with pytest.raises(ConfigError) as err:
+        LOADERS[loader](path)
+    message = str(err.value)
+    assert message.startswith(f"{key}={path}") and BROKEN[case] in message, message
+    assert "\n" not in message
+
+
+def _offline(monkeypatch):
+    """Offline mode: huggingface_hub fails at once instead of retrying the network for ~20 s."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_a_relative_model_path_is_taken_from_where_rlcli_started(
+    tmp_path, monkeypatch, tiny_model_dir, loader
+):
+    import shutil
+
+    _offline(monkeypatch)
+    key = "model.path" if loader == "model.path" else "reward.model_path"
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "models" / "m"
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{key}=./models/m does not exist (resolved to {missing})")
+    ):
+        LOADERS[loader]("./models/m")
+    # Without a leading ./ it could be a hub id: the message names both places looked in.
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(f"{key}=models/m is not a local directory (there is no {missing})"),
+    ):
+        LOADERS[loader]("models/m")
+    shutil.copytree(tiny_model_dir, missing)
+    LOADERS[loader]("models/m")
+
+
+def test_relative_paths_are_taken_from_the_launch_dir_when_hydra_moves_the_cwd(
+    tmp_path, monkeypatch
+):
+    """hydra.job.chdir=true moves the working directory into the run's; Hydra keeps the one
+    rlcli was started in as runtime.cwd."""
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlcli.runtime.models import launch_dir
+
+    assert launch_dir() == Path.cwd()  # no Hydra job: the working directory
+    job = SimpleNamespace(runtime=SimpleNamespace(cwd=str(tmp_path)))
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: job))
+    assert launch_dir() == tmp_path
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_a_hub_id_that_cannot_be_fetched_offline_says_so(monkeypatch, loader):
+    _offline(monkeypatch)
+    key = "model.path" if loader == "model.path" else "reward.model_path"
+    with pytest.raises(ConfigError) as err:
+        LOADERS[loader]("rlcli-tests/no-such-model")
+    message = str(err.value)
+    assert message.startswith(f"{key}=rlcli-tests/no-such-model is not a local directory (")
+    assert "could not be fetched from the Hugging Face hub (offline, or no such repo): " in message
+    assert f"(`hf download rlcli-tests/no-such-model --local-dir DIR`) and set {key}=DIR" in message

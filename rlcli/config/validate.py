@@ -73,9 +73,7 @@ def _check_reward(cfg: Config) -> None:
                 f"reward.components has {name!r}, which is not one of the valid components: "
                 f"{', '.join(COMPONENTS)}."
             )
-    if r.weights is not None and (
-        len(r.weights) != len(r.components) or not all(math.isfinite(w) for w in r.weights)
-    ):
+    if r.weights is not None and len(r.weights) != len(r.components):  # finite: _check_finite
         raise ConfigError(
             f"reward.weights={list(r.weights)} must hold one finite number per component of "
             f"reward.components={list(r.components)} (or be null: every weight 1)."
@@ -292,6 +290,22 @@ def _check_ranges(cfg: Config) -> None:
     _check_reward(cfg)
 
 
+def _check_finite(value, key: str = "") -> None:
+    """nan and inf (OmegaConf reads `=nan`, `=inf`) in any float of the config, sections and
+    lists walked so that no field escapes; the range checks' comparisons let nan through."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            _check_finite(getattr(value, f.name), f"{key}.{f.name}".lstrip("."))
+        return
+    numbers = value if isinstance(value, list) else [value]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+        what = "holds a value that is not" if numbers is value else "is not"
+        raise ConfigError(
+            f"{key}={value} {what} a finite number; nan and inf are never valid settings: give "
+            "a finite number."
+        )
+
+
 def _check_world(cfg: Config) -> None:
     """Under torchrun (WORLD_SIZE > 1): what data-parallel training supports."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -332,6 +346,7 @@ def validate(raw: DictConfig) -> Config:
         if value not in allowed:
             valid = ", ".join(allowed)
             raise ConfigError(f"{key}={value!r} is not one of the valid choices: {valid}.")
+    _check_finite(cfg)
     _check_ranges(cfg)
     if cfg.sampler.async_rollout:
         # A batch one update old: the sampler, not the learner, is its behaviour policy.

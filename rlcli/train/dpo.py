@@ -118,7 +118,8 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
     cache = reference_logprobs(reference, tokenizer, train_pairs + test_pairs, cfg, device)
     del reference
     gc.collect()
-    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device)
+    key = "trainer.resume" if checkpoint else "model.path"  # named when it fails to load
+    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device, key=key)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     run = DpoRun(
         cfg,

@@ -98,7 +98,8 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     train_set = fit_prompts(cfg, tokenizer, train_set, "training")
     test_set = fit_prompts(cfg, tokenizer, test_set, "held-out")
     # A resumed policy starts from the checkpoint; the reference stays the original model.
-    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device)
+    key = "trainer.resume" if checkpoint else "model.path"  # named when it fails to load
+    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device, key=key)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.train()  # transformers only checkpoints in training mode; Llama has no dropout

@@ -1,0 +1,430 @@
+"""Bad inputs and faults tried on the real `rlcli train`: the README's table and its figure.
+
+    .venv/bin/python scripts/bad_input.py              # every case: the table, then the tally
+    .venv/bin/python scripts/bad_input.py --only NAME  # one case (a substring of its name)
+
+A bad input passes when rlcli exits with code 2, prints no traceback, and its last line is
+`rlcli: error: ...` holding the expected words. A fault passes when no run is left silently
+wrong: its function returns None, or what went wrong. Cases run in this process through
+`rlcli.cli.main`, as the console script does (a second or two each once torch is imported);
+a case that needs a fresh environment, or a second run beside the first, starts one.
+tests/test_bad_input.py runs every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no case may reach the network
+
+import torch  # noqa: E402
+
+from rlcli.cli import main  # noqa: E402
+
+TINY = ["model=tiny", "sampler=hf", "reward=space_rate", "logger.progress=false",
+        "sampler.max_new_tokens=8", "trainer.max_steps=1"]  # fmt: skip
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+    traceback: str | None  # an exception that escaped rlcli: what a user would see
+
+    @property
+    def last_line(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+def rlcli(run_dir: Path, *overrides: str) -> Result:
+    """`rlcli train TINY overrides hydra.run.dir=run_dir` in this process."""
+    out, err, code, escaped = io.StringIO(), io.StringIO(), 0, None
+    argv = ["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        except BaseException:  # noqa: BLE001 - an escaped exception is what we look for
+            code, escaped = 1, traceback.format_exc()
+    return Result(code, out.getvalue(), err.getvalue(), escaped)
+
+
+def rlcli_process(run_dir: Path, *overrides: str, env: dict | None = None) -> Result:
+    """The same, in a new process (`python -m rlcli`)."""
+    command = [sys.executable, "-m", "rlcli", "train", *TINY, *overrides,
+               f"hydra.run.dir={run_dir}"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+    text = done.stdout + done.stderr
+    return Result(done.returncode, done.stdout, done.stderr, text if "Traceback" in text else None)
+
+
+@dataclass(frozen=True)
+class BadInput:
+    name: str
+    overrides: list[str]  # "{tmp}" is the case's own directory
+    expect: str  # words the error line must hold ("{tmp}" too)
+    # Made under {tmp} first: a file's text or bytes, or None for an empty directory
+    files: dict[str, str | bytes | None] = field(default_factory=dict)
+    env: Callable[[Path], dict] | None = None  # a fresh process with this environment
+
+
+def no_vllm_env(tmp: Path) -> dict:
+    """vLLM is installed here, so a `sitecustomize` hides it (sys.modules["vllm"] = None makes
+    importlib report it missing), as on a machine without it. The one simulated case."""
+    site = tmp / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text('import sys\nsys.modules["vllm"] = None\n')
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
+
+
+BAD_INPUTS = [
+    BadInput("unknown group choice", ["algo=nope"],
+             "algo=nope is not one of the valid choices for algo: dapo, dcpo, dpo, dr_grpo, "
+             "dupo, grpo, gspo, gspo_token, ppo, rloo."),
+    BadInput("unknown key", ["trainer.max_stpes=3"],
+             "trainer.max_stpes is not a config key: trainer has no 'max_stpes'. Did you mean "
+             "trainer.max_steps?"),
+    BadInput("wrong type", ["trainer.max_steps=ten"],
+             "Invalid config value at trainer.max_steps: Value 'ten' of type 'str' could not "
+             "be converted to Integer"),
+    BadInput("nan learning rate", ["trainer.lr=nan"], "trainer.lr=nan is not a finite number"),
+    BadInput("inf clip bound", ["algo.eps_high=inf"], "algo.eps_high=inf is not a finite number"),
+    BadInput("missing data file", ["data=jsonl", "data.path=/nonexistent/train.jsonl"],
+             "data.path=/nonexistent/train.jsonl: no such file."),
+    BadInput("empty data file", ["data=jsonl", "data.path={tmp}/empty.jsonl"],
+             "data.path={tmp}/empty.jsonl holds no records: the file is empty.",
+             {"empty.jsonl": ""}),
+    BadInput("records missing the configured fields", ["data=jsonl", "data.path={tmp}/f.jsonl"],
+             "There is no field 'question' in",
+             {"f.jsonl": '{"problem": "1+1?", "answer": "2"}\n' * 3}),
+    BadInput("model path that does not exist", ["model.path=/nonexistent/model"],
+             "model.path=/nonexistent/model does not exist."),
+    BadInput("prompt longer than allowed", ["sampler.max_prompt_tokens=20"],
+             "prompts of data=arith are longer than sampler.max_prompt_tokens=20"),
+    BadInput("group size 1 for a group-based algorithm", ["algo=grpo", "trainer.group_size=1"],
+             "trainer.group_size=1 is too small for algo.advantage=grpo"),
+    BadInput("vLLM asked for but not installed", ["sampler=vllm"],
+             "sampler=vllm needs vLLM, which is not installed.", env=no_vllm_env),
+    BadInput("CUDA asked for but absent", ["trainer.device=cuda"],
+             "trainer.device=cuda was asked for but this machine has no CUDA GPU"),
+    BadInput("-inf temperature", ["sampler.temperature=-inf"],
+             "sampler.temperature=-inf is not a finite number"),
+    BadInput("relative model path that does not exist", ["model.path=./no_such_model"],
+             "model.path=./no_such_model does not exist (resolved to "),
+    BadInput("model directory that is empty", ["model.path={tmp}/empty_model"],
+             "model.path={tmp}/empty_model holds no config.json: not a Hugging Face model "
+             "directory", {"empty_model": None}),
+    BadInput("model path that is a file", ["model.path={tmp}/model.bin"],
+             "model.path={tmp}/model.bin is a file, not a directory",
+             {"model.bin": b"not a model"}),
+    BadInput("hub id not cached, offline", ["model.path=rlcli-tests/no-such-model"],
+             "model.path=rlcli-tests/no-such-model is not a local directory (there is no "),
+    BadInput("reward model path that does not exist",
+             ["reward=reward_model", "reward.model_path=/nonexistent/rm"],
+             "reward.model_path=/nonexistent/rm does not exist."),
+    BadInput("data file that is not UTF-8", ["data=jsonl", "data.path={tmp}/latin1.jsonl"],
+             "data.path={tmp}/latin1.jsonl: line 1 is not UTF-8 text (byte 0xe9 at column 18)",
+             {"latin1.jsonl": b'{"question": "caf\xe9?", "answer": "2"}\n'}),
+    BadInput("malformed JSON line", ["data=jsonl", "data.path={tmp}/bad.jsonl"],
+             "data.path={tmp}/bad.jsonl: line 3 is not valid JSON (Expecting ',' delimiter at "
+             "column 21)",
+             {"bad.jsonl": '{"question": "1+1?", "answer": "2"}\n' * 2
+              + '{"question": "3+3?" "answer": "6"}\n'}),
+    BadInput("a directory given as the test file",
+             ["data=jsonl", "data.path={tmp}/good.jsonl", "data.test_path={tmp}/dir"],
+             "data.test_path={tmp}/dir is a directory, not a file",
+             {"good.jsonl": '{"question": "1+1?", "answer": "2"}\n' * 3, "dir": None}),
+    BadInput("a directory given as the ptx file",
+             ["algo=ppo", "algo.ptx_coef=0.1", "algo.ptx_path={tmp}/dir"],
+             "algo.ptx_path={tmp}/dir is a directory, not a file", {"dir": None}),
+    BadInput("reward function file that does not exist",
+             ["reward=python", "reward.function=/nonexistent/r.py:score"],
+             "reward.function='/nonexistent/r.py:score': no such file"),
+]  # fmt: skip
+
+
+def try_bad_input(case: BadInput, tmp: Path) -> str | None:
+    """None when rlcli refused the input cleanly; else what it did instead."""
+    for name, content in case.files.items():
+        path = tmp / name
+        if content is None:
+            path.mkdir(parents=True)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    overrides = [o.replace("{tmp}", str(tmp)) for o in case.overrides]
+    if case.env is None:
+        result = rlcli(tmp / "run", *overrides)
+    else:
+        result = rlcli_process(tmp / "run", *overrides, env=case.env(tmp))
+    expect = case.expect.replace("{tmp}", str(tmp))
+    if result.traceback:
+        return f"a traceback:\n{result.traceback}"
+    if result.code != 2:
+        return f"exit code {result.code}, not 2:\n{result.stdout}{result.stderr}"
+    if not result.last_line.startswith("rlcli: error: ") or expect not in result.last_line:
+        return f"the last line is not the expected error:\n{result.last_line}\nwanted: {expect}"
+    if (tmp / "run" / "checkpoints").exists():
+        return "it wrote checkpoints"
+    return None
+
+
+# Faults: each function tries one and returns None when no run was left silently wrong; its
+# docstring's first line is the fault, the rest what rlcli does (the README's table).
+def _metrics_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+def second_run_in_the_same_directory(tmp: Path) -> str | None:
+    """A second run started in the directory of a running one.
+    It exits 2 at once naming the first run's PID; the first finishes with its own results
+    (an OS lock, `flock`, which the kernel drops when a run dies, so a killed run blocks
+    nothing)."""
+    run_dir = tmp / "run"
+    command = [sys.executable, "-m", "rlcli", "train", *TINY, "trainer.max_steps=6",
+               f"hydra.run.dir={run_dir}"]  # fmt: skip
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while first.poll() is None and time.time() < deadline:
+        marker = run_dir / ".rlcli-run"
+        if marker.is_file() and str(first.pid) in marker.read_text():
+            break
+        time.sleep(0.05)
+    second = rlcli(run_dir, "trainer.max_steps=4", "trainer.seed=7")
+    first_code, first_out = first.wait(timeout=300), first.stdout.read().decode()
+    if second.code != 2 or f"(PID {first.pid}," not in second.last_line:
+        return f"the second run was not refused by PID: {second.code} {second.last_line}"
+    if first_code != 0:
+        return f"the first run failed: {first_out}"
+    if (
+        _metrics_steps(run_dir) != [1, 2, 3, 4, 5, 6]
+        or "seed: 0" not in (run_dir / "config.yaml").read_text()
+    ):
+        return "the first run's results were mixed with the second's"
+    return None
+
+
+def someone_elses_directory(tmp: Path) -> str | None:
+    """hydra.run.dir pointing at a folder of unrelated files.
+    It exits 2 naming what is there; nothing in it is written, overwritten or deleted."""
+    mine = tmp / "mine"
+    (mine / "checkpoints" / ".cache").mkdir(parents=True)
+    (mine / "config.yaml").write_text("my: own\n")
+    result = rlcli(mine)
+    if result.code != 2 or "is not an rlcli run directory" not in result.last_line:
+        return f"not refused: {result.code} {result.last_line}"
+    if (mine / "config.yaml").read_text() != "my: own\n" or not (
+        mine / "checkpoints/.cache"
+    ).is_dir():
+        return "its files were changed"
+    return None
+
+
+def resume_with_another_model(tmp: Path) -> str | None:
+    """Resuming with a field that defines the run changed (model, algorithm, data, group size).
+    It exits 2 listing each difference (old -> new) and the ways out; config.yaml and the
+    checkpoints stay as they were."""
+    run_dir = tmp / "run"
+    if (first := rlcli(run_dir)).code != 0:
+        return f"the first run failed: {first.stderr}"
+    before = (run_dir / "config.yaml").read_text()
+    result = rlcli(run_dir, "trainer.max_steps=2", "algo=ppo", "model.tiny_hidden=32")
+    if result.code != 2 or "model.tiny_hidden: 64 -> 32" not in result.last_line:
+        return f"not refused: {result.code} {result.last_line}"
+    if (run_dir / "config.yaml").read_text() != before:
+        return "config.yaml was rewritten"
+    return None
+
+
+def resume_with_a_new_learning_rate(tmp: Path) -> str | None:
+    """Resuming with a new learning rate (or weight decay, warm-up, gradient clip, β, entropy).
+    It applies from the next step with a line saying so; config.yaml shows the new value and,
+    below it, the history of starts and resumes."""
+    run_dir = tmp / "run"
+    rlcli(run_dir)
+    result = rlcli(run_dir, "trainer.max_steps=2", "trainer.lr=3e-5")
+    rates = [
+        json.loads(line)["lr"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    config = (run_dir / "config.yaml").read_text()
+    if result.code != 0 or "trainer.lr changed since step 1" not in result.stdout:
+        return f"no line said so: {result.code} {result.stdout}{result.stderr}"
+    if rates != [1e-5, 3e-5] or "lr: 3.0e-05" not in config or "resumed from" not in config:
+        return f"the new rate was not applied or not recorded: {rates}"
+    return None
+
+
+def damaged_newest_checkpoint(tmp: Path) -> str | None:
+    """The newest checkpoint damaged: optimizer.pt truncated (a model or state file alike).
+    Its files are checked against the manifest of sizes and SHA-256 written with it; it is
+    renamed step_N.damaged (never deleted) with a line naming what is wrong, and the run goes
+    on from the newest sound checkpoint."""
+    run_dir = tmp / "run"
+    rlcli(run_dir, "trainer.max_steps=2", "trainer.save_every=1")
+    optimizer = run_dir / "checkpoints" / "step_2" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:-100])
+    result = rlcli(run_dir, "trainer.max_steps=3", "trainer.save_every=1")
+    if result.code != 0 or "step_2 is damaged: optimizer.pt holds" not in result.stdout:
+        return f"not passed over with a line: {result.code} {result.stdout}{result.stderr}"
+    if not (run_dir / "checkpoints" / "step_2.damaged" / "optimizer.pt").is_file():
+        return "the damaged checkpoint was not kept"
+    if _metrics_steps(run_dir) != [1, 2, 3]:
+        return f"the steps logged are {_metrics_steps(run_dir)}"
+    return None
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, megabytes: int):
+    """A real small file system (tmpfs); mounting one needs root."""
+    path.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "rlcli-test", str(path)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        raise PermissionError("mounting a small tmpfs needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def disk_full_while_saving(tmp: Path) -> str | None:
+    """The disk fills up: the second checkpoint does not fit.
+    It exits 2 naming the path, the space needed and the space free, and that the older
+    checkpoints are intact; a failed write leaves no partial directory and deletes nothing."""
+    with small_disk(tmp / "disk", 64) as disk:
+        result = rlcli(disk / "run", "trainer.max_steps=3", "trainer.save_every=1")
+        line = result.last_line
+        kept = sorted(p.name for p in (disk / "run" / "checkpoints").iterdir())
+    if result.code != 2 or "could not write checkpoint step_2" not in line:
+        return f"not a clear error: {result.code} {line} {result.traceback}"
+    if "MiB is free there" not in line or "(step_1) are intact" not in line:
+        return f"the message lacks the sizes or the older checkpoints: {line}"
+    return None if kept == ["step_1"] else f"checkpoints left: {kept}"
+
+
+def read_only_run_directory(tmp: Path) -> str | None:
+    """A run directory on a read-only file system.
+    It exits 2 before Hydra starts, naming the directory."""
+    with small_disk(tmp / "disk", 8) as disk:
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        result = rlcli(disk / "run")
+    if result.code != 2 or "is read-only" not in result.last_line:
+        return f"not a clear error: {result.code} {result.last_line} {result.traceback}"
+    return None
+
+
+def finished_run_started_again(tmp: Path) -> str | None:
+    """The command of a finished run run again.
+    It says the run is finished (and how to train further) before loading any model; exit 0."""
+    run_dir = tmp / "run"
+    rlcli(run_dir)
+    result = rlcli(run_dir)
+    if result.code != 0 or "this run is finished" not in result.stdout:
+        return f"it did not say so: {result.code} {result.stdout}"
+    if "training " in result.stdout:
+        return "it loaded the model first"
+    return None
+
+
+MISBEHAVING_REWARD = """
+import os, sys, time
+
+def score(prompts, responses, answers, **fields):
+    if any(a.endswith("1") for a in answers):
+        time.sleep(100)  # a hang
+    if any(a.endswith("2") for a in answers):
+        sys.exit(3)
+    if any(a.endswith("3") for a in answers):
+        os._exit(1)  # the worker dies
+    return ["1.0" if a.endswith("4") else 1.0 for a in answers]  # a string is no score
+"""
+
+
+def reward_function_that_misbehaves(tmp: Path) -> str | None:
+    """A reward function that hangs, calls sys.exit(), kills its process or returns a string.
+    Those responses are scored as missing and counted in reward/errors; the others are scored
+    and the run finishes (the function runs in a worker process; reward.timeout_s per
+    response)."""
+    (tmp / "bad_reward.py").write_text(MISBEHAVING_REWARD)
+    function = f"reward.function={tmp / 'bad_reward.py'}:score"
+    result = rlcli(tmp / "run", "reward=python", function, "reward.timeout_s=0.5",
+                   "trainer.max_steps=2")  # fmt: skip
+    if result.code != 0:
+        return f"the run did not finish: {result.code} {result.last_line} {result.traceback}"
+    rows = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    errors = sum(r["reward/errors"] for r in rows)
+    return None if 0 < errors < 32 else f"reward/errors over the run: {errors} of 32"
+
+
+FAULTS: list[Callable[[Path], str | None]] = [
+    reward_function_that_misbehaves,
+    second_run_in_the_same_directory,
+    someone_elses_directory,
+    resume_with_another_model,
+    resume_with_a_new_learning_rate,
+    damaged_newest_checkpoint,
+    disk_full_while_saving,
+    read_only_run_directory,
+    finished_run_started_again,
+]
+
+
+def describe_fault(fault: Callable) -> tuple[str, str]:
+    """(the fault, what rlcli does) from the function's docstring."""
+    first, _, rest = fault.__doc__.strip().partition("\n")
+    return first.strip(), " ".join(rest.split())
+
+
+def main_(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run the cases whose name holds this")
+    args = parser.parse_args(argv)
+    rows, clean, tracebacks, silent = [], 0, 0, 0
+    bad = [c for c in BAD_INPUTS if not args.only or args.only in c.name]
+    if torch.cuda.is_available():  # asking for CUDA is then no error
+        bad = [c for c in bad if not c.name.startswith("CUDA")]
+    faults = [f for f in FAULTS if not args.only or args.only in f.__name__]
+    for case in bad:
+        with tempfile.TemporaryDirectory() as tmp:
+            problem = try_bad_input(case, Path(tmp))
+        clean += problem is None
+        tracebacks += bool(problem and problem.startswith("a traceback"))
+        rows.append(f"| bad input | {case.name} (`{' '.join(case.overrides)}`) | exit 2: "
+                    f"{case.expect} | {'ok' if problem is None else 'FAILED'} |")  # fmt: skip
+        if problem:
+            print(f"{case.name}: {problem}", file=sys.stderr)
+    for fault in faults:
+        with tempfile.TemporaryDirectory() as tmp:
+            problem = fault(Path(tmp))
+        silent += problem is not None
+        what, does = describe_fault(fault)
+        rows.append(f"| fault | {what} | {does} | {'ok' if problem is None else 'FAILED'} |")
+        if problem:
+            print(f"{fault.__name__}: {problem}", file=sys.stderr)
+    print("| kind | case | what rlcli does | result |\n|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"\n{len(bad)} bad inputs, {clean} clean errors, {tracebacks} tracebacks; "
+          f"{len(faults)} faults, {silent} runs silently wrong")  # fmt: skip
+    return 0 if clean == len(bad) and silent == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main_())
