@@ -6,6 +6,8 @@ import os
 import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")
+# Nothing can be downloaded here: a hub id fails at once instead of after retries.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Settings under which the tiny model learns `reward=space_rate` within ~25 steps, with any
 # algo (each keeps its own KL setting). Runs are deterministic for a seed, but with 8 prompts
