@@ -79,42 +79,45 @@ def _job(raw, work) -> None:
 
     from rlcli.config import ConfigError
     from rlcli.config.validate import validate
+    from rlcli.tracking.console import job_log
     from rlcli.train.guard import EXIT_CODES, RunStopped
     from rlcli.train.run_dir import claim, record_config
 
     # rlcli draws its own progress bar; transformers' per-load bars would bury it.
     hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_warning()  # to the job log only (`job_log`)
     hydra = HydraConfig.get()
     run_dir = Path(hydra.runtime.output_dir)
     # What Hydra wrote in the run directory before the job started.
     hydra_files = (hydra.output_subdir or ".hydra", f"{hydra.job.name}.log")
-    try:
-        cfg = validate(raw)
-        # Under torchrun rank 0 holds the directory for all ranks.
-        command = f"rlcli {hydra.job.name} " + shlex.join(hydra.overrides.task)
-        holding = claim(run_dir, command, hydra_files)
-        with holding if os.environ.get("RANK", "0") == "0" else nullcontext():
-            if hydra.job.name != "train":  # train records its config once it knows it resumes
-                record_config(run_dir, cfg, command)
-            work(cfg, run_dir)
-    except ConfigError as err:
-        _fail(str(err))
-    except OSError as err:  # a file rlcli reads or writes: the disk, not the program
-        what = f"{err.strerror} ({err.filename})" if err.filename else str(err)
-        _fail(f"{what}. Checkpoints already written in {run_dir / 'checkpoints'} are intact.")
-    except RunStopped as stop:
-        print(f"\nrlcli: {stop}", file=sys.stderr)
-        sys.exit(stop.exit_code)
-    except KeyboardInterrupt:
-        # Interrupted before the loop's guard was up, or a second Ctrl-C inside it.
-        print(
-            f"\nrlcli: interrupted; nothing more was saved. Checkpoints written so far are in "
-            f"{run_dir / 'checkpoints'}; rerun the same command with hydra.run.dir={run_dir} "
-            "to continue from the newest.",
-            file=sys.stderr,
-        )
-        sys.exit(EXIT_CODES[signal.SIGINT])
+    # The console, and the libraries' chatter kept off it, go to <job>.log in the run directory.
+    with job_log(run_dir / f"{hydra.job.name}.log"):
+        try:
+            cfg = validate(raw)
+            # Under torchrun rank 0 holds the directory for all ranks.
+            command = f"rlcli {hydra.job.name} " + shlex.join(hydra.overrides.task)
+            holding = claim(run_dir, command, hydra_files)
+            with holding if os.environ.get("RANK", "0") == "0" else nullcontext():
+                if hydra.job.name != "train":  # train records its config once it knows it resumes
+                    record_config(run_dir, cfg, command)
+                work(cfg, run_dir)
+        except ConfigError as err:
+            _fail(str(err))
+        except OSError as err:  # a file rlcli reads or writes: the disk, not the program
+            what = f"{err.strerror} ({err.filename})" if err.filename else str(err)
+            _fail(f"{what}. Checkpoints already written in {run_dir / 'checkpoints'} are intact.")
+        except RunStopped as stop:
+            print(f"\nrlcli: {stop}", file=sys.stderr)
+            sys.exit(stop.exit_code)
+        except KeyboardInterrupt:
+            # Interrupted before the loop's guard was up, or a second Ctrl-C inside it.
+            print(
+                f"\nrlcli: interrupted; nothing more was saved. Checkpoints written so far are in "
+                f"{run_dir / 'checkpoints'}; rerun the same command with hydra.run.dir={run_dir} "
+                "to continue from the newest.",
+                file=sys.stderr,
+            )
+            sys.exit(EXIT_CODES[signal.SIGINT])
 
 
 def _train(cfg, run_dir: Path) -> None:
@@ -159,6 +162,32 @@ def _filter(cfg, run_dir: Path) -> None:
     filter_dataset(cfg, run_dir)
 
 
+# Hydra's flags that take a value (`--cfg job`); `--info` takes one only from its topics.
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
+               "-cn", "--config-dir", "-cd", "--experimental-rerun")  # fmt: skip
+INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def split_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, the overrides), each in the order given. Hydra's
+    argument parser reads the overrides as one run of positional arguments, so a flag between
+    or after them (`algo=grpo,dapo -m`) must move in front: then flags work in any position,
+    as users of Hydra apps expect."""
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        takes_value = arg in VALUE_FLAGS or (
+            arg == "--info" and i + 1 < len(argv) and argv[i + 1] in INFO_TOPICS
+        )
+        if arg.startswith("-") and takes_value and i + 1 < len(argv):
+            flags += argv[i : i + 2]
+            i += 2
+            continue
+        (flags if arg.startswith("-") else overrides).append(arg)
+        i += 1
+    return flags, overrides
+
+
 def _hydra_command(name: str, work, argv: list[str]) -> None:
     """Run `work` as a Hydra app over conf/, so overrides, -m and --help work as usual."""
     import hydra
@@ -186,10 +215,11 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
             "writes to the same run directory."
         )
     _check_writable(argv)
-    full = with_default_sampler(argv)
-    if len(full) > len(argv):
+    added = with_default_sampler(argv)[len(argv) :]
+    if added:
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)
-    sys.argv = [f"rlcli {name}", *full, f"hydra.job.name={name}"]
+    flags, overrides = split_flags(argv)
+    sys.argv = [f"rlcli {name}", *flags, f"hydra.job.name={name}", *added, *overrides]
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(
         lambda raw: _job(raw, work)
     )()
@@ -207,6 +237,9 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rlcli.tracking.console import quiet_libraries
+
+    quiet_libraries()
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

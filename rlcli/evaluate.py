@@ -51,6 +51,7 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
         **results,
         "k": cfg.eval.k,
         "temperature": cfg.eval.temperature,
+        "top_p": cfg.eval.top_p,
         "correct_above": cfg.eval.correct_above,
         "time_s": time.perf_counter() - start,
     }

@@ -88,3 +88,23 @@ def test_trainer_eval_every_logs_held_out_metrics(tmp_path):
     for r in rows:
         if "eval/accuracy" in r:
             assert 0 <= r["eval/accuracy"] <= 1 and r["eval/pass@1"] <= r["eval/pass@2"]
+
+
+def test_eval_top_p_shapes_the_pass_at_k_samples():
+    from rlcli.rewards.sampling import frozen_sampling
+    from rlcli.rollout.vllm_engine import sampling_settings
+
+    cfg = compose(["model=tiny", "sampler=hf", "reward=space_rate", "sampler.max_new_tokens=12"])
+    problems = load_splits(cfg.data)[1][:2]
+    _, _, tokenizer, sampler = frozen_sampling(cfg, problems)
+    prompts = [p.question for p in problems]
+    ids, answers = [p.id for p in problems], [p.answer for p in problems]
+    greedy = sampler.sample(prompts, 1, ids, answers, temperature=0.0, seed=1).texts
+    narrow = sampler.sample(prompts, 4, ids, answers, temperature=1.0, seed=1, top_p=1e-6).texts
+    wide = sampler.sample(prompts, 4, ids, answers, temperature=1.0, seed=1).texts
+    # A nucleus of one token is greedy decoding; the full distribution (top_p 1) is not.
+    assert narrow == [greedy[0]] * 4 + [greedy[1]] * 4
+    assert len(set(wide[:4])) > 1
+    # vLLM gets the same override through its sampling parameters.
+    assert sampling_settings(cfg.sampler, 4, {0}, 1.0, 0.7)["top_p"] == 0.7
+    assert sampling_settings(cfg.sampler, 4, {0}, 1.0)["top_p"] == cfg.sampler.top_p

@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from rlcli.config import ConfigError
+from rlcli.config.validate import compose
 from rlcli.sweep import write_summary
+from rlcli.tracking.metrics import read_metrics
 from rlcli.tracking.plots import PANELS, draw_curves, panel_lines, series
+from rlcli.train.loop import train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -347,3 +351,50 @@ def test_seeds_script_takes_a_recipe_and_names_an_unknown_one(tmp_path):
     assert "recipe=cpu/no_such_twin is not one of the recipes" in out.stderr
     assert "cpu/dapo_qwen32b" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "before").exists()
+
+
+def test_samples_jsonl_holds_every_scored_response_with_its_advantage(tmp_path, capsys):
+    cfg = compose(["model=tiny", "sampler=hf", "reward=space_rate", "trainer.max_steps=2",
+                   "sampler.max_new_tokens=8", "logger.progress=false",
+                   "logger.print_samples_every=2"])  # fmt: skip
+    train(cfg, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 16 + [2] * 16  # 4 prompts x 4 responses a step
+    for r in rows:
+        assert r["prompt"].startswith("What is") and 0 < r["length"] <= 8
+        assert r["reward"] == pytest.approx(r["components"]["space_rate"])
+    # GRPO's advantages are normalised within each group: they sum to zero over its 4 responses.
+    for start in range(0, 32, 4):
+        group = rows[start : start + 4]
+        assert len({r["problem_id"] for r in group}) == 1
+        assert sum(r["advantage"] for r in group) == pytest.approx(0, abs=1e-5)
+    out = capsys.readouterr().out
+    assert "[step 2] samples (16 scored" in out and "[step 1] samples" not in out
+
+
+def test_every_backend_gets_the_metrics_and_reads_them_back(tmp_path):
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = compose(["model=tiny", "sampler=hf", "reward=space_rate", "trainer.max_steps=2",
+                   "sampler.max_new_tokens=8", "logger.progress=false",
+                   "logger.backends=[jsonl,tensorboard,mlflow]"])  # fmt: skip
+    train(cfg, tmp_path)
+    rewards = [r["reward/mean"] for r in read_metrics(tmp_path)]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2]
+    assert [e.value for e in events.Scalars("reward/mean")] == pytest.approx(rewards)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = (tmp_path / "mlflow_run_id").read_text()
+    history = client.get_metric_history(run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [
+        (1, pytest.approx(rewards[0])),
+        (2, pytest.approx(rewards[1])),
+    ]
+    assert client.get_run(run_id).data.params["trainer.max_steps"] == "2"
+
+
+def test_an_unknown_backend_is_named():
+    with pytest.raises(ConfigError, match="logger.backends has 'neptune', which is not one of"):
+        compose(["logger.backends=[jsonl,neptune]"])

@@ -195,7 +195,9 @@ class TrainerConfig:
 class LoggerConfig:
     name: str = MISSING
     progress: bool = MISSING
-    sample_every: int = MISSING
+    backends: list[str] = MISSING
+    samples_every: int = MISSING
+    print_samples_every: int = MISSING
     project: str = MISSING
     entity: str | None = MISSING
     run_name: str | None = MISSING
@@ -206,6 +208,7 @@ class LoggerConfig:
 class EvalConfig:
     k: int = MISSING
     temperature: float = MISSING
+    top_p: float = MISSING
     max_problems: int | None = MISSING
     prompts_per_batch: int = MISSING
     correct_above: float = MISSING

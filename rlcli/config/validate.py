@@ -52,7 +52,7 @@ def _choices() -> dict[str, list[str]]:
         "model.source": ["smollm2_gguf", "tiny", "hub"],
         "data.name": sorted(DATASETS),
         "data.answer_format": sorted(ANSWER_FORMATS),
-        "logger.name": ["jsonl", "wandb"],
+        "logger.name": ["jsonl", "wandb", "tensorboard", "mlflow"],
         "trainer.dtype": ["float32", "bfloat16", "float16"],
     }
 
@@ -272,16 +272,16 @@ def _check_ranges(cfg: Config) -> None:
             f"pairs.prompts_per_batch={p.prompts_per_batch} >= 1."
         )
     e = cfg.eval
-    if e.k < 1 or e.prompts_per_batch < 1 or e.temperature <= 0 or t.eval_every < 0:
+    if min(e.k, e.prompts_per_batch) < 1 or e.temperature <= 0 or not 0 < e.top_p <= 1:
         raise ConfigError(
             f"eval.k={e.k} and eval.prompts_per_batch={e.prompts_per_batch} must be >= 1, "
-            f"eval.temperature={e.temperature} > 0 and trainer.eval_every={t.eval_every} >= 0."
+            f"eval.temperature={e.temperature} > 0 and eval.top_p={e.top_p} in (0, 1]."
         )
-    if cfg.logger.name == "wandb" and importlib.util.find_spec("wandb") is None:
-        raise ConfigError(
-            "logger=wandb needs the wandb package, which is not installed: pip install "
-            "'rlcli[wandb]' (or use the default logger=jsonl)."
-        )
+    if t.eval_every < 0:
+        raise ConfigError(f"trainer.eval_every={t.eval_every} must be >= 0 (0 = never).")
+    from rlcli.tracking.trackers import check_backends  # the trackers' registry
+
+    check_backends(cfg.logger)
     f = cfg.filter
     if f.k < 1 or f.prompts_per_batch < 1:
         raise ConfigError(

@@ -30,16 +30,20 @@ def sample_and_score(
     system_prompt,
     temperature: float | None = None,
     seed: int | None = None,
+    top_p: float | None = None,
 ) -> tuple[Rollout, Scores]:
     """Sample a group per problem and score every response (NaN where a reward failed).
 
-    `temperature` and `seed` replace the training stream's for this call (evaluation)."""
+    `temperature`, `seed` and `top_p` replace the training stream's for this call
+    (evaluation)."""
     prompts = [render_prompt(tokenizer, p.question, system_prompt) for p in problems]
     ids, answers = [p.id for p in problems], [p.answer for p in problems]
-    batch = sampler.sample(prompts, group, ids, answers, temperature=temperature, seed=seed)
+    batch = sampler.sample(
+        prompts, group, ids, answers, temperature=temperature, seed=seed, top_p=top_p
+    )
     rows = [p for p in problems for _ in range(group)]
     samples = [
-        Sample(p.question, text, p.answer, p.record, int(n))
+        Sample(p.question, text, p.answer, p.record, int(n), p.id)
         for p, text, n in zip(rows, batch.texts, batch.lengths.tolist(), strict=True)
     ]
     scores = scorer(samples)
@@ -62,6 +66,7 @@ def scored_chunks(
     chunk_size: int,
     temperature: float | None = None,
     seed: int | None = None,
+    top_p: float | None = None,
 ) -> Iterator[tuple[list[Problem], Rollout, Scores]]:
     """`sample_and_score` over `problems`, `chunk_size` problems a call: yields each chunk
     with its rollout and scores. With `seed`, the chunk starting at problem i is sampled
@@ -77,6 +82,7 @@ def scored_chunks(
             system_prompt,
             temperature,
             None if seed is None else seed + start,
+            top_p,
         )
         yield chunk, rollout, scores
 

@@ -43,6 +43,7 @@ class Sample:
     answer: str  # ground truth
     record: dict  # the dataset record's fields (countdown's numbers and target, ...)
     length: int  # response tokens
+    problem_id: str = ""  # the problem's id (a group's responses share it)
 
 
 # Per-sample rules: (sample, reward config) -> float.

@@ -49,9 +49,11 @@ class HFSampler:
         answers: list[str],
         temperature: float | None = None,
         seed: int | None = None,
+        top_p: float | None = None,
     ) -> Rollout:
-        """`group_size` responses per prompt; `temperature` (0 = greedy) and `seed` replace
-        the training ones for one call (evaluation), leaving the global generator as it was."""
+        """`group_size` responses per prompt; `temperature` (0 = greedy), `seed` and `top_p`
+        replace the training ones for one call (evaluation), leaving the global generator as it
+        was."""
         enc = self.tokenizer(
             prompts,
             return_tensors="pt",
@@ -61,7 +63,8 @@ class HFSampler:
         )
         enc = enc.to(self.model.device)
         temperature = self.temperature if temperature is None else temperature
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": self.top_p, "top_k": 0}
+        top_p = self.top_p if top_p is None else top_p
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
         devices = [self.model.device.index or 0] if self.model.device.type == "cuda" else []
         with self.gather(), torch.random.fork_rng(devices=devices, enabled=seed is not None):
             if seed is not None:

@@ -29,9 +29,11 @@ class Sampler(Protocol):
         answers: list[str],
         temperature: float | None = None,
         seed: int | None = None,
+        top_p: float | None = None,
     ) -> Rollout:
-        """`group_size` responses per prompt; `temperature` (0 = greedy) and `seed` replace
-        the training stream's for one call (evaluation), leaving that stream where it was."""
+        """`group_size` responses per prompt; `temperature` (0 = greedy), `seed` and `top_p`
+        replace the training stream's for one call (evaluation), leaving that stream where it
+        was."""
 
     def sync(self, policy: torch.nn.Module) -> None:
         """Sample from `policy`'s current weights from now on."""

@@ -69,6 +69,7 @@ def engine(model_path: str, dtype: str, cfg: SamplerConfig, device: torch.device
         # Log-probs after temperature (and top-p), i.e. of the distribution actually sampled;
         # the learner divides its logits by the same temperature.
         logprobs_mode="processed_logprobs",
+        use_tqdm_on_load=False,  # rlcli's progress bar is the one on the console
         **memory,
     )
     _engine = (key, llm)
@@ -111,14 +112,19 @@ def repack_tied_head(model: torch.nn.Module) -> None:
 
 
 def sampling_settings(
-    cfg: SamplerConfig, group_size: int, eos_ids: set[int], temperature: float | None
+    cfg: SamplerConfig,
+    group_size: int,
+    eos_ids: set[int],
+    temperature: float | None,
+    top_p: float | None = None,
 ) -> dict:
     """vLLM's sampling parameters for one call, as keyword arguments of `SamplingParams` (the
-    engine in this process) or the JSON `sampling_params` of a worker's generate route."""
+    engine in this process) or the JSON `sampling_params` of a worker's generate route;
+    `temperature` and `top_p`, when given, replace the sampler's (evaluation)."""
     return {
         "n": group_size,
         "temperature": cfg.temperature if temperature is None else temperature,
-        "top_p": cfg.top_p,
+        "top_p": cfg.top_p if top_p is None else top_p,
         "max_tokens": cfg.max_new_tokens,
         "stop": list(cfg.stop) or None,
         "include_stop_str_in_output": True,  # the text must match the trained tokens
@@ -178,8 +184,9 @@ class VLLMSampler:
         answers: list[str],
         temperature: float | None = None,
         seed: int | None = None,
+        top_p: float | None = None,
     ) -> Rollout:
-        """`group_size` responses per prompt. `temperature` (0 = greedy) and `seed` replace
+        """`group_size` responses per prompt. `temperature` (0 = greedy), `top_p` and `seed` replace
         the training stream's (sampler.temperature; trainer.seed and the call count) for one
         call, as evaluation does, leaving the training stream where it was."""
         from vllm import SamplingParams
@@ -188,7 +195,8 @@ class VLLMSampler:
         self._wake()
         c = self.cfg
         encoded = encode_prompts(self.tokenizer, prompts, c)
-        params = SamplingParams(**sampling_settings(c, group_size, self.eos_ids, temperature))
+        settings = sampling_settings(c, group_size, self.eos_ids, temperature, top_p)
+        params = SamplingParams(**settings)
         # Seeding: requests carry no seed of their own (vLLM's per-request generators fail on
         # CPU when a prefill is split across engine steps); the in-process engine draws from
         # torch's global generator, seeded here per call and restored afterwards.

@@ -115,17 +115,18 @@ class WorkerSampler:
         answers: list[str],
         temperature: float | None = None,
         seed: int | None = None,
+        top_p: float | None = None,
     ) -> Rollout:
         """`group_size` responses per prompt: the prefetched batch if it was asked for these
         prompts, else sampled now. `seed` is not passed on: vLLM's per-request generators
         are not reliable on CPU, so worker samples are not reproducible run to run."""
-        request = (tuple(prompt_ids), group_size, temperature)
+        request = (tuple(prompt_ids), group_size, temperature, top_p)
         if self.pending is not None and self.pending[0] == request:
             future, self.pending = self.pending[1], None
             rollout, version = self._guard(future.result)
         else:
             rollout, version = self._guard(
-                self._sample, prompts, group_size, prompt_ids, answers, temperature
+                self._sample, prompts, group_size, prompt_ids, answers, temperature, top_p
             )
         self.calls += seed is None
         self.staleness = self.version - version
@@ -180,11 +181,11 @@ class WorkerSampler:
             init, client=clients, source=ParameterSource(policy)
         )
 
-    def _sample(self, prompts, group_size, prompt_ids, answers, temperature):
+    def _sample(self, prompts, group_size, prompt_ids, answers, temperature, top_p=None):
         c = self.cfg
         version = self.version
         encoded = encode_prompts(self.tokenizer, prompts, c)
-        params = sampling_settings(c, group_size, self.eos_ids, temperature)
+        params = sampling_settings(c, group_size, self.eos_ids, temperature, top_p)
         # Prompt i goes to worker i mod K, so every worker gets a share of every step.
         jobs = [
             self.requests.submit(

@@ -1,15 +1,23 @@
 """Where a run's metrics go: `Tracker` is what both training loops log to.
 
-Always: `metrics.jsonl` and the progress bar (`rlcli.metrics.MetricsLog`), and `curves.png`
+Always: `metrics.jsonl` and the progress bar (`rlcli.metrics.MetricsLog`), `samples.jsonl`
+(`rlcli.tracking.samples`), and `curves.png`
 drawn from the metrics when the run finishes (`rlcli.plots`). With `logger=wandb`, also
 Weights & Biases: the resolved config, every step's metrics at its step, and every
 `logger.table_every` steps a table of that step's sampled responses. W&B reads WANDB_MODE
 itself, so `WANDB_MODE=offline` keeps the run on disk (`<run_dir>/wandb/`) for `wandb sync`.
+With `logger=tensorboard`, TensorBoard event files in `<run_dir>/tensorboard/`; with
+`logger=mlflow`, an MLflow run in `<run_dir>/mlflow.db` (no server needed: `mlflow ui
+--backend-store-uri sqlite:///<run_dir>/mlflow.db`). `logger.backends` lists them, so any
+combination works (`logger.backends=[jsonl,tensorboard,mlflow]`); each uses its own library.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
+import math
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -19,6 +27,7 @@ from pathlib import Path
 from rlcli.config import Config, ConfigError, LoggerConfig
 from rlcli.tracking.metrics import MetricsLog
 from rlcli.tracking.plots import CURVES_FILE, plot_runs
+from rlcli.tracking.samples import SamplesLog
 
 SAMPLE_COLUMNS = ["step", "prompt", "response", "answer", "reward"]
 
@@ -31,6 +40,9 @@ class ScoredSample:
     response: str
     answer: str  # ground truth
     reward: float  # NaN when the reward failed
+    problem_id: str = ""
+    components: dict = dataclasses.field(default_factory=dict)  # each component's own score
+    length: int = 0  # response tokens
 
 
 class RecordingScorer:
@@ -48,9 +60,18 @@ class RecordingScorer:
     def __call__(self, samples):
         scores = self.scorer(samples)
         if self.recorded is not None:
+            parts = {name: values.tolist() for name, values in scores.components.items()}
             self.recorded += [
-                ScoredSample(s.question, s.response, s.answer, reward)
-                for s, reward in zip(samples, scores.total.tolist(), strict=True)
+                ScoredSample(
+                    s.question,
+                    s.response,
+                    s.answer,
+                    reward,
+                    s.problem_id,
+                    {name: values[i] for name, values in parts.items()},
+                    s.length,
+                )
+                for i, (s, reward) in enumerate(zip(samples, scores.total.tolist(), strict=True))
             ]
         return scores
 
@@ -67,22 +88,12 @@ class RecordingScorer:
             self.recorded = None
 
 
-class NoRemote:
-    """No external tracker (logger=jsonl): every call does nothing, so no call needs an if."""
-
-    def log(self, metrics: dict, samples: list[ScoredSample]) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-
 class NoTracker:
     """The tracker of torchrun's other ranks: rank 0 alone logs, so every call does nothing."""
 
     path = None
 
-    def log(self, metrics: dict, samples: Sequence[ScoredSample] = ()) -> None:
+    def log(self, metrics: dict, samples: Sequence[ScoredSample] = (), advantages=None) -> None:
         pass
 
     def write(self, text: str) -> None:
@@ -131,6 +142,107 @@ class WandbRun:
         self.run.finish()
 
 
+def _finite_numbers(metrics: dict) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if k != "step" and isinstance(v, int | float) and math.isfinite(v)
+    }
+
+
+class TensorBoardRun:
+    """TensorBoard event files in <run_dir>/tensorboard: each metric a scalar at its step, and
+    the resolved config as text."""
+
+    def __init__(self, logger: LoggerConfig, config: dict, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        text = json.dumps(config, indent=1)
+        self.writer.add_text("config", "    " + text.replace("\n", "\n    "))  # as code
+
+    def log(self, metrics: dict, samples: list[ScoredSample]) -> None:
+        for key, value in _finite_numbers(metrics).items():
+            self.writer.add_scalar(key, value, global_step=metrics["step"])
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class MlflowRun:
+    """An MLflow run in a SQLite file, <run_dir>/mlflow.db (experiment `logger.project`): the
+    config as parameters, each step's metrics at its step. No server is needed; MLflow keeps
+    its plain-file store in maintenance mode only, so the supported SQLite store it is. A
+    resumed run logs to the same MLflow run."""
+
+    def __init__(self, logger: LoggerConfig, config: dict, run_dir: Path):
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+        experiment = mlflow.get_experiment_by_name(logger.project)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment
+            else mlflow.create_experiment(
+                logger.project, artifact_location=(run_dir / "mlartifacts").resolve().as_uri()
+            )
+        )
+        id_file = run_dir / "mlflow_run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else None
+        self.run = mlflow.start_run(
+            run_id=run_id, experiment_id=experiment_id, run_name=logger.run_name or run_dir.name
+        )
+        id_file.write_text(self.run.info.run_id)
+        if run_id is None:
+            params = {k: str(v)[:500] for k, v in _flat(config).items()}  # MLflow's size limit
+            items = sorted(params.items())
+            for start in range(0, len(items), 100):  # at most 100 parameters a call
+                mlflow.log_params(dict(items[start : start + 100]))
+
+    def log(self, metrics: dict, samples: list[ScoredSample]) -> None:
+        self.mlflow.log_metrics(_finite_numbers(metrics), step=metrics["step"])
+
+    def finish(self) -> None:
+        self.mlflow.end_run()
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+# logger.backends: each external tracker's class and the package it needs (jsonl: always on).
+BACKENDS = {
+    "jsonl": (None, None),
+    "wandb": (WandbRun, "wandb"),
+    "tensorboard": (TensorBoardRun, "tensorboard"),
+    "mlflow": (MlflowRun, "mlflow"),
+}
+
+
+def check_backends(logger: LoggerConfig) -> None:
+    """A ConfigError for a backend that does not exist or whose package is not installed."""
+    for name in logger.backends:
+        if name not in BACKENDS:
+            raise ConfigError(
+                f"logger.backends has {name!r}, which is not one of the valid backends: "
+                f"{', '.join(BACKENDS)}."
+            )
+        package = BACKENDS[name][1]
+        if package and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"logger {name} needs the {package} package, which is not installed: pip "
+                f"install 'rlcli[{name}]' (or leave {name} out of logger.backends)."
+            )
+
+
 class Tracker:
     """A run's metrics: metrics.jsonl and the progress bar always, W&B with logger=wandb.
 
@@ -142,21 +254,29 @@ class Tracker:
         self, cfg: Config, run_dir: Path, headline: str = "reward/mean", first_step: int = 1
     ):
         self.run_dir = run_dir
-        # W&B first: its start-up lines would otherwise break into the progress bar.
-        self.remote = (
-            WandbRun(cfg.logger, dataclasses.asdict(cfg), run_dir)
-            if cfg.logger.name == "wandb"
-            else NoRemote()
-        )
+        # External trackers first: their start-up lines would otherwise break into the bar.
+        config = dataclasses.asdict(cfg)
+        self.remotes = [
+            BACKENDS[name][0](cfg.logger, config, run_dir)
+            for name in dict.fromkeys(cfg.logger.backends)
+            if BACKENDS[name][0] is not None
+        ]
         self.metrics = MetricsLog(
             run_dir, cfg.trainer.max_steps, cfg.logger.progress, headline, first_step
         )
         self.path = self.metrics.path
+        log = cfg.logger
+        self.samples = SamplesLog(run_dir, log.samples_every, log.print_samples_every, first_step)
 
-    def log(self, metrics: dict, samples: Sequence[ScoredSample] = ()) -> None:
-        """One step's metrics (with its `step`), and the responses it sampled, if any."""
+    def log(
+        self, metrics: dict, samples: Sequence[ScoredSample] = (), advantages: dict | None = None
+    ) -> None:
+        """One step's metrics (with its `step`), and the responses it scored, if any, with the
+        advantages of those it trained on ({(problem id, response): advantage})."""
         self.metrics.log(metrics)
-        self.remote.log(metrics, list(samples))
+        self.samples.log(metrics["step"], samples, advantages or {}, self.metrics.write)
+        for remote in self.remotes:
+            remote.log(metrics, list(samples))
 
     def write(self, text: str) -> None:
         """Print a line above the progress bar."""
@@ -165,5 +285,6 @@ class Tracker:
     def finish(self) -> Path:
         """Close metrics.jsonl and W&B; draw the run's curves. Returns the curves' path."""
         self.metrics.close()
-        self.remote.finish()
+        for remote in self.remotes:
+            remote.finish()
         return plot_runs([self.run_dir], self.run_dir / CURVES_FILE)

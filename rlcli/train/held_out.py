@@ -2,9 +2,10 @@
 
 - accuracy: one greedy reply (temperature 0) per held-out problem, correct when its reward is
   above `eval.correct_above`;
-- pass@k: `eval.k` replies per problem at `eval.temperature`, scored the same way, and the
-  unbiased estimator of Chen et al. 2021 (Codex, eq. 1): with c correct of n samples,
-  pass@k = 1 - C(n-c, k) / C(n, k), averaged over problems, for k = 1, 2, 4, ... up to n.
+- pass@k: `eval.k` replies per problem at `eval.temperature` and `eval.top_p`, scored the
+  same way, and the unbiased estimator of Chen et al. 2021 (Codex, eq. 1): with c correct of
+  n samples, pass@k = 1 - C(n-c, k) / C(n, k), averaged over problems, for k = 1, 2, 4, ...
+  up to n.
 
 Evaluation draws from its own seed, so evaluating during training leaves the training
 samples as they would have been without it.
@@ -67,7 +68,9 @@ def evaluate(
     # above the greedy ones).
     chunks = zip(
         scored_chunks(**each, group=1, temperature=0.0, seed=seed),
-        scored_chunks(**each, group=cfg.k, temperature=cfg.temperature, seed=seed + 1),
+        scored_chunks(
+            **each, group=cfg.k, temperature=cfg.temperature, seed=seed + 1, top_p=cfg.top_p
+        ),
         strict=True,
     )
     greedy, sampled = [], []

@@ -149,15 +149,12 @@ def train(cfg: Config, run_dir: Path) -> Path:
             except WorkerLost as lost:
                 raise worker_lost(lost, run, trainer, tracker, run_dir) from None
             run.step += 1
+            advantages = metrics.pop("_advantages", {})
             # Under torchrun: averaged over the ranks (times: the slowest rank's).
             metrics = distributed.mean_metrics({"step": run.step, **metrics})
-            sample = metrics.pop("_sample", None)
             metrics.update({f"eval/{k}": v for k, v in trainer.held_out(run).items()})
-            tracker.log(metrics, samples)
+            tracker.log(metrics, samples, advantages)
             guard.observe(run.step, metrics)
-            if sample is not None and cfg.logger.sample_every:
-                if run.step % cfg.logger.sample_every == 0:
-                    tracker.write(f"[step {run.step}] {sample!r}")
             # Every rank stops at the same step, whichever of them was signalled.
             stopping = bool(distributed.all_max(int(guard.stopping)))
             due = t.save_every and run.step % t.save_every == 0

@@ -123,6 +123,16 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     return batch, scores, metrics
 
 
+def response_advantages(rollout: Rollout, advantages: torch.Tensor) -> dict:
+    """{(problem id, response text): advantage} of a batch; [B, T] advantages are averaged over
+    each response's tokens."""
+    if advantages.dim() == 2:
+        mask = rollout.response_mask.to(advantages.device).float()
+        advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    keys = zip(rollout.prompt_ids, rollout.texts, strict=True)
+    return dict(zip(keys, advantages.tolist(), strict=True))
+
+
 def prefetch_next(run: Run) -> None:
     """Have the rollout workers start on the next step's batch (sampler.async_rollout): they
     generate it with the weights they hold while the learner trains on this one."""
@@ -257,5 +267,7 @@ def train_step(run: Run) -> dict[str, float]:
         "time/sync": synced - learned,
         "time/step": synced - start,
         "throughput/tokens_per_s": lengths.sum().item() / (synced - start),
-        "_sample": rollout.texts[0],
+        # Each trained response's advantage (token-level ones: their mean over the response),
+        # for samples.jsonl; identical responses to one problem get identical advantages.
+        "_advantages": response_advantages(rollout, advantages),
     }

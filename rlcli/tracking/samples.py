@@ -1,0 +1,91 @@
+"""What a run sampled: `samples.jsonl` in the run directory, and a short table on the console.
+
+Every `logger.samples_every` steps (default 1) each response scored in the step is a line of
+samples.jsonl: the step, the prompt and its problem id, the response, the ground truth, the
+reward and each reward component, the response's length in tokens, and its advantage (null
+for a response the step did not train on, such as a group DAPO's dynamic sampling dropped).
+Every `logger.print_samples_every` steps (0 = never) the first few of them are printed as a
+table above the progress bar, as TRL's `log_completions` does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+SAMPLES_FILE = "samples.jsonl"
+TABLE_ROWS = 4  # responses the console table shows
+TEXT_WIDTH = 60  # characters of prompt and response shown
+
+
+def _number(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # JSON has no NaN: a failed reward is null
+
+
+def sample_rows(step: int, samples: Sequence, advantages: dict) -> list[dict]:
+    """One JSON-ready row per scored response (`samples`: `tracking.trackers.ScoredSample`)."""
+    rows = []
+    for s in samples:
+        advantage = advantages.get((s.problem_id, s.response))
+        rows.append({
+            "step": step,
+            "problem_id": s.problem_id,
+            "prompt": s.prompt,
+            "response": s.response,
+            "answer": s.answer,
+            "reward": _number(s.reward),
+            "components": {k: _number(v) for k, v in s.components.items()},
+            "length": s.length,
+            "advantage": None if advantage is None else _number(advantage),
+        })  # fmt: skip
+    return rows
+
+
+def _cell(text: str, width: int) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def samples_table(rows: list[dict]) -> str:
+    """The first TABLE_ROWS rows as a fixed-width text table."""
+    lines = [f"{'reward':>7} {'adv':>6} {'len':>4}  {'prompt':<{TEXT_WIDTH}}  response"]
+    for r in rows[:TABLE_ROWS]:
+        reward = "nan" if r["reward"] is None else f"{r['reward']:.3f}"
+        adv = "-" if r["advantage"] is None else f"{r['advantage']:+.2f}"
+        prompt = _cell(r["prompt"], TEXT_WIDTH)
+        lines.append(f"{reward:>7} {adv:>6} {r['length']:>4}  {prompt:<{TEXT_WIDTH}}  "
+                     f"{_cell(r['response'], TEXT_WIDTH)}")  # fmt: skip
+    return "\n".join(lines)
+
+
+class SamplesLog:
+    """samples.jsonl, appended to step by step; a resumed run first drops the rows of the steps
+    it redoes (those after its checkpoint)."""
+
+    def __init__(self, run_dir: Path, every: int, print_every: int, first_step: int = 1):
+        self.path, self.every, self.print_every = Path(run_dir) / SAMPLES_FILE, every, print_every
+        if self.path.exists() and first_step > 1:
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] < first_step
+            ]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        elif self.path.exists():
+            self.path.unlink()  # a fresh start in a directory that held samples
+
+    def log(self, step: int, samples: Sequence, advantages: dict, write) -> None:
+        """Record a step's scored `samples`; `write` prints the table above the progress bar."""
+        due = self.every and step % self.every == 0
+        show = self.print_every and step % self.print_every == 0
+        if not samples or not (due or show):
+            return
+        rows = sample_rows(step, samples, advantages)
+        if due:
+            with self.path.open("a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
+        if show:
+            write(f"[step {step}] samples ({len(rows)} scored; reward, advantage, length)\n"
+                  + samples_table(rows))  # fmt: skip

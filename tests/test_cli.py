@@ -1,0 +1,102 @@
+"""The `rlcli` command line as Hydra users type it: flags (-m, --cfg, --help) in any position,
+and the job log (train.log) that holds what the console showed and what was kept off it."""
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rlcli.cli import main, split_flags
+from rlcli.tracking.console import job_log
+
+REPO = Path(__file__).resolve().parent.parent
+
+TINY = ["model=tiny", "sampler=hf", "reward=space_rate", "logger.progress=false",
+        "sampler.max_new_tokens=8", "trainer.max_steps=1"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "flags", "overrides"),
+    [
+        (["algo=grpo,dapo", "-m"], ["-m"], ["algo=grpo,dapo"]),
+        (["a=1", "--cfg", "job", "b=2"], ["--cfg", "job"], ["a=1", "b=2"]),
+        (["--info", "defaults", "a=1"], ["--info", "defaults"], ["a=1"]),
+        (["--info", "a=1"], ["--info"], ["a=1"]),
+        (["a=1", "--help"], ["--help"], ["a=1"]),
+        (["~trainer.x", "-cn", "other"], ["-cn", "other"], ["~trainer.x"]),
+    ],
+)
+def test_flags_are_told_from_overrides(argv, flags, overrides):
+    assert split_flags(argv) == (flags, overrides)
+
+
+@pytest.mark.parametrize("position", ["after", "between", "before"])
+def test_cfg_job_works_in_any_position(capsys, position):
+    argv = {
+        "after": ["recipe=cpu/dapo_qwen32b", "trainer.max_steps=3", "--cfg", "job"],
+        "between": ["recipe=cpu/dapo_qwen32b", "--cfg", "job", "trainer.max_steps=3"],
+        "before": ["--cfg", "job", "recipe=cpu/dapo_qwen32b", "trainer.max_steps=3"],
+    }[position]
+    main(["train", *argv])
+    out = capsys.readouterr().out
+    assert "name: dapo" in out and "max_steps: 3" in out
+
+
+def test_help_after_a_recipe(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["train", "recipe=cpu/dapo_qwen32b", "--help"])
+    assert done.value.code == 0
+    assert "rlcli train: reinforcement-learning post-training" in capsys.readouterr().out
+
+
+def test_a_sweep_with_m_at_the_end(tmp_path):
+    main(["train", *TINY, "algo=grpo,dr_grpo", "-m", f"hydra.sweep.dir={tmp_path}"])
+    jobs = sorted(p.name for p in tmp_path.iterdir() if (p / "metrics.jsonl").is_file())
+    assert [job.split(",")[0] for job in jobs] == ["0_algo=grpo", "1_algo=dr_grpo"]
+
+
+def test_the_job_log_holds_the_console_and_the_chatter_kept_off_it(tmp_path, capsys):
+    path = tmp_path / "train.log"
+    with job_log(path):
+        print("rlcli: a line of rlcli's")
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a library's deprecation notice", FutureWarning, stacklevel=1)
+        logging.getLogger("vllm.platforms").warning("a NUMA notice")
+        sys.stderr.write("step 1/2\rstep 2/2\n")  # a progress bar redrawn with \r
+    console = capsys.readouterr()
+    assert "rlcli: a line of rlcli's" in console.out and "step 2/2" in console.err
+    assert "deprecation notice" not in console.err and "NUMA" not in console.err
+    log = path.read_text()
+    for line in ("rlcli: a line of rlcli's", "a library's deprecation notice", "a NUMA notice",
+                 "step 2/2"):  # fmt: skip
+        assert line in log
+    assert "step 1/2" not in log
+
+
+def test_train_log_holds_what_the_run_printed(tmp_path):
+    main(["train", *TINY, f"hydra.run.dir={tmp_path}"])
+    log = (tmp_path / "train.log").read_text()
+    assert "rlcli: training " in log and "rlcli: metrics in" in log
+
+
+def test_a_hub_id_loads_the_models_weights_from_the_hub_cache(tmp_path, tiny_model_dir):
+    # The hub cannot be reached here: a local directory in the hub cache's layout stands in
+    # for it (what `huggingface_hub` downloads `org/name` to), read offline.
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hf" / "hub" / "models--rlcli-tests--tiny-hub"
+    snapshot = repo / "snapshots" / revision
+    shutil.copytree(tiny_model_dir, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "rlcli", "train", *TINY, "model.source=hub",
+               "model.path=rlcli-tests/tiny-hub", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "rlcli: training rlcli-tests/tiny-hub on cpu" in out.stdout
