@@ -1,3 +1,4 @@
-"""What a run reports: metrics.jsonl and the progress bar (`metrics`), W&B and the table of
-samples (`trackers`), and the curves drawn from metrics (`plots`).
+"""What a run reports: metrics.jsonl and the progress bar (`metrics`), the trackers (W&B,
+TensorBoard, MLflow: `trackers`), samples.jsonl and its console table (`samples`), the job
+log and what is kept off the console (`console`), and the curves drawn from metrics (`plots`).
 """
