@@ -220,9 +220,16 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)
     flags, overrides = split_flags(argv)
     sys.argv = [f"rlcli {name}", *flags, f"hydra.job.name={name}", *added, *overrides]
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(
-        lambda raw: _job(raw, work)
-    )()
+    try:
+        hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(
+            lambda raw: _job(raw, work)
+        )()
+    finally:
+        # Hydra keeps the job's config in a singleton: code run later in this process (tests,
+        # the Python API) must not take that finished job's directories for its own.
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().cfg = None
 
 
 COMMANDS = {

@@ -67,7 +67,7 @@ def test_the_job_log_holds_the_console_and_the_chatter_kept_off_it(tmp_path, cap
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.warn("a library's deprecation notice", FutureWarning, stacklevel=1)
-        logging.getLogger("vllm.platforms").warning("a NUMA notice")
+        logging.getLogger("vllm.rlcli_test").warning("a NUMA notice")
         sys.stderr.write("step 1/2\rstep 2/2\n")  # a progress bar redrawn with \r
     console = capsys.readouterr()
     assert "rlcli: a line of rlcli's" in console.out and "step 2/2" in console.err

@@ -134,7 +134,7 @@ class WorkerSampler:
 
     def prefetch(self, prompts, group_size, prompt_ids, answers) -> None:
         """Start sampling the next step's batch now, with the weights the workers hold."""
-        request = (tuple(prompt_ids), group_size, None)
+        request = (tuple(prompt_ids), group_size, None, None)  # as `sample` keys it
         job = self.background.submit(self._sample, prompts, group_size, prompt_ids, answers, None)
         self.pending = (request, job)
 
