@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.cli import main, split_flags
+from rlcli.tracking import console as console_log
 from rlcli.tracking.console import job_log
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,14 +61,19 @@ def test_a_sweep_with_m_at_the_end(tmp_path):
     assert [job.split(",")[0] for job in jobs] == ["0_algo=grpo", "1_algo=dr_grpo"]
 
 
-def test_the_job_log_holds_the_console_and_the_chatter_kept_off_it(tmp_path, capsys):
+def test_the_job_log_holds_the_console_and_the_chatter_kept_off_it(tmp_path, capsys, monkeypatch):
+    # A library logger of the test's own, so that no other test's logging settings touch it.
+    libraries = (*console_log.LIBRARY_LOGGERS, "a_library")
+    monkeypatch.setattr(console_log, "LIBRARY_LOGGERS", libraries)
+    notices = logging.getLogger("a_library.platforms")
+    notices.setLevel(logging.WARNING)
     path = tmp_path / "train.log"
     with job_log(path):
         print("rlcli: a line of rlcli's")
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.warn("a library's deprecation notice", FutureWarning, stacklevel=1)
-        logging.getLogger("vllm.rlcli_test").warning("a NUMA notice")
+        notices.warning("a NUMA notice")
         sys.stderr.write("step 1/2\rstep 2/2\n")  # a progress bar redrawn with \r
     console = capsys.readouterr()
     assert "rlcli: a line of rlcli's" in console.out and "step 2/2" in console.err
