@@ -196,7 +196,7 @@ class MlflowRun:
         )
         id_file.write_text(self.run.info.run_id)
         if run_id is None:
-            params = {k: str(v)[:500] for k, v in _flat(config).items()}  # MLflow's size limit
+            params = {k: str(v)[:500] for k, v in flat_items(config).items()}  # MLflow's size limit
             items = sorted(params.items())
             for start in range(0, len(items), 100):  # at most 100 parameters a call
                 mlflow.log_params(dict(items[start : start + 100]))
@@ -208,11 +208,12 @@ class MlflowRun:
         self.mlflow.end_run()
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
+def flat_items(tree: dict, prefix: str = "") -> dict:
+    """A nested dict as {"section.key": value} (MLflow's parameters; run_dir's comparison)."""
     out = {}
     for key, value in tree.items():
         if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flat_items(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out

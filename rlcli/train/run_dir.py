@@ -26,6 +26,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlcli.config import Config, ConfigError
+from rlcli.tracking.trackers import flat_items
 
 MARKER = ".rlcli-run"
 HISTORY = "# history of this run directory:"
@@ -76,16 +77,6 @@ APPLIED = (
 _held: dict[Path, int] = {}  # run directories this process holds: path -> the lock's fd
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def config_dict(cfg: Config) -> dict:
     """The config as plain JSON-ready data (what a checkpoint keeps of the run that wrote it)."""
     return OmegaConf.to_container(OmegaConf.structured(cfg))
@@ -102,7 +93,7 @@ def resume_changes(saved: dict, cfg: Config) -> dict[str, list[tuple[str, object
     """The fields that differ from the checkpoint's config, by kind: {'fixed': [(key, old,
     new)], 'applied': [...], 'free': [...]}. Fields one side lacks (added to rlcli since) are
     not compared."""
-    old, new = _flat(saved), _flat(config_dict(cfg))
+    old, new = flat_items(saved), flat_items(config_dict(cfg))
     changes: dict[str, list] = {"fixed": [], "applied": [], "free": []}
     for key in sorted(old.keys() & new.keys()):
         if old[key] != new[key]:
