@@ -30,6 +30,8 @@ commands:
   rollout-server
             a vLLM rollout worker for learners elsewhere (sampler.urls=[http://HOST:PORT]):
             rlcli rollout-server model=... [sampler.serve_port=8000]
+  export    a checkpoint as a plain Hugging Face model (LoRA adapters merged into their base):
+            rlcli export RUN_DIR/checkpoints/step_N OUT_DIR
   plot      redraw the curves of runs side by side: rlcli plot RUN_DIR... [--out FILE]
   recipes   list the paper setups in recipes/: rlcli train recipe=NAME runs one
 
@@ -144,6 +146,16 @@ def _plot(argv: list[str]) -> None:
     plot_command(argv)
 
 
+def _export(argv: list[str]) -> None:
+    from rlcli.config import ConfigError
+    from rlcli.export import export_command
+
+    try:
+        export_command(argv)
+    except ConfigError as err:
+        _fail(str(err))
+
+
 def _recipes(argv: list[str]) -> None:
     from rlcli.recipes import recipes_command
 
@@ -239,6 +251,7 @@ COMMANDS = {
     "eval": lambda argv: _hydra_command("eval", _eval, argv),
     "rollout-server": lambda argv: _hydra_command("rollout-server", _rollout_server, argv),
     "plot": _plot,
+    "export": _export,
     "recipes": _recipes,
 }
 

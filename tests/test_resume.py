@@ -52,8 +52,13 @@ def comparable(rows: list[dict]) -> list[dict]:
         ["sampler=hf", "algo=ppo", "trainer.mini_batches=2", "trainer.warmup_steps=3"],
         # DUPO's random duplicates of informative groups.
         ["sampler=hf", "algo=dupo"],
+        # LoRA: the adapters (PEFT files) and their optimiser state; the reference is the
+        # base model with the adapters off; vLLM gets the merged weights.
+        ["sampler=vllm", "model.lora.rank=8", "algo.beta=0.04"],
+        # LoRA on PPO's critic too, its value head saved whole beside its adapters.
+        ["sampler=hf", "algo=ppo", "model.lora.rank=8"],
     ],
-    ids=["grpo-vllm-kl", "dcpo-hf", "ppo-critic", "dupo"],
+    ids=["grpo-vllm-kl", "dcpo-hf", "ppo-critic", "dupo", "lora-vllm-kl", "lora-ppo"],
 )
 def test_two_steps_plus_resume_equal_four_straight(tmp_path, overrides):
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -66,9 +71,14 @@ def test_two_steps_plus_resume_equal_four_straight(tmp_path, overrides):
     expected, got = comparable(read_metrics(straight)), comparable(read_metrics(split))
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     assert got == expected
-    final = "checkpoints/step_4/model.safetensors"
+    lora = "model.lora.rank=8" in overrides
+    final = f"checkpoints/step_4/{'adapter_model' if lora else 'model'}.safetensors"
     a, b = load_file(straight / final), load_file(split / final)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if "algo=ppo" in overrides:  # the critic's weights (its adapters and head with LoRA)
+        final = final.replace("step_4/", "step_4/critic/")
+        a, b = load_file(straight / final), load_file(split / final)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_checkpoints_are_pruned_to_keep_last_and_hold_no_pickled_objects(tmp_path):

@@ -110,11 +110,20 @@ class SamplerConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = MISSING
+    alpha: float = MISSING
+    dropout: float = MISSING
+    target_modules: list[str] = MISSING
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     source: str = MISSING
     path: str | None = MISSING
     gradient_checkpointing: bool = MISSING
+    lora: LoraConfig = field(default_factory=LoraConfig)
     tiny_layers: int = MISSING
     tiny_hidden: int = MISSING
     tiny_heads: int = MISSING

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlcli.config.schema import CONF_DIR, VLLM_HEAD_SIZES, Config, ConfigError
+from rlcli.runtime.lora import check_settings as check_lora_settings
 
 
 def _choices() -> dict[str, list[str]]:
@@ -142,6 +143,7 @@ def _check_ranges(cfg: Config) -> None:
             "(0 = only trainer.micro_batch_size limits a micro-batch)."
         )
     _check_world(cfg)
+    check_lora_settings(cfg.model.lora)
     # Every estimator but PPO's critic-based gae compares responses within a group.
     if cfg.algo.advantage != "gae" and t.group_size < 2:
         raise ConfigError(
@@ -320,6 +322,7 @@ def _check_world(cfg: Config) -> None:
         "algo=dpo": cfg.algo.name == "dpo",
         "algo.advantage=gae (PPO's critic)": cfg.algo.advantage == "gae",
         "algo.ptx_coef > 0": cfg.algo.ptx_coef > 0,
+        "model.lora.rank > 0 (LoRA)": cfg.model.lora.rank > 0,
     }
     for what, used in unsupported.items():
         if used:

@@ -20,7 +20,7 @@ import torch
 
 from rlcli.config import SamplerConfig
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
-from rlcli.runtime import distributed
+from rlcli.runtime.lora import sampler_weights
 
 _engine: tuple[tuple, object] | None = None  # (settings key, vllm.LLM) of the live engine
 
@@ -171,7 +171,7 @@ class VLLMSampler:
         """Load the learner's current weights into the engine; drop caches built from old ones."""
         self._wake()
         # Streamed: each parameter is gathered (when sharded) as the engine loads it.
-        weights = distributed.full_parameters(policy)
+        weights = sampler_weights(policy)
         self.llm.collective_rpc(_load_weights, args=(weights,))
         self.llm.reset_prefix_cache()
 

@@ -38,6 +38,7 @@ from rlcli.rollout.servers import (
 )
 from rlcli.rollout.vllm_engine import sampling_settings
 from rlcli.runtime import distributed
+from rlcli.runtime.lora import sampler_weights
 
 
 class ParameterSource:
@@ -50,10 +51,12 @@ class ParameterSource:
     def metadata(self):
         from vllm.distributed.weight_transfer import ParamMeta
 
-        return [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in self.policy.named_parameters()]
+        # Names, dtypes and shapes are those of the merged weights when the policy has LoRA
+        # adapters; only rank 0 asks (the adapters' deltas are computed once more for it).
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in sampler_weights(self.policy)]
 
     def __iter__(self):
-        return distributed.full_parameters(self.policy)
+        return sampler_weights(self.policy)
 
 
 class WorkerSampler:

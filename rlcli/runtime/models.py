@@ -210,6 +210,11 @@ def _check_model_dir(local: Path, named: str) -> None:
     """A directory is a model only with a config.json that holds a JSON object; checked here
     because transformers says only "Unrecognized model" or "not a valid JSON file"."""
     config = local / "config.json"
+    if not config.is_file() and (local / "adapter_config.json").is_file():
+        raise ConfigError(
+            f"{named} holds LoRA adapters (a checkpoint of a model.lora run), not a whole model. "
+            f"Write the merged model first: `rlcli export {local} OUT_DIR`, then give OUT_DIR."
+        )
     if not config.is_file():
         raise ConfigError(
             f"{named} holds no config.json: not a Hugging Face model directory. Give {_MODEL_DIR}."

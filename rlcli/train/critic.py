@@ -11,8 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlcli.config import LoraConfig
 from rlcli.ops.policy_loss import explained_variance, value_loss
 from rlcli.rollout.batch import Rollout
+from rlcli.runtime.lora import add_adapters, load_adapters
 from rlcli.train.batch import TrainBatch
 from rlcli.train.learner import UpdatePlan, micro_batches, per_token_over_batch
 
@@ -40,6 +42,22 @@ def load_critic(path: str, dtype: str, device: torch.device, new_head: bool):
     critic.eval()  # no dropout, as for the policy
     if critic.config.pad_token_id is None:
         critic.config.pad_token_id = critic.config.eos_token_id
+    return critic
+
+
+def make_critic(path: str, dtype: str, device, new_head: bool, lora: LoraConfig, checkpoint):
+    """The critic of a run: `load_critic(path)`, or the one saved in `checkpoint/critic` when
+    resuming. With LoRA it gets adapters of its own (fresh, or the checkpoint's) and its value
+    head is trained whole beside them (saved with the adapters)."""
+    if checkpoint is not None and not lora.rank:
+        return load_critic(str(checkpoint / "critic"), dtype, device, new_head=False)
+    critic = load_critic(path, dtype, device, new_head)
+    if lora.rank:
+        head = "score" if hasattr(critic, "score") else "classifier"
+        if checkpoint is None:
+            add_adapters(critic, lora, keep=(head,))
+        else:
+            load_adapters(critic, checkpoint / "critic")
     return critic
 
 

@@ -26,6 +26,7 @@ from rlcli.data.pairs import Pair
 from rlcli.data.problems import PromptStream
 from rlcli.ops.policy_loss import dpo_loss
 from rlcli.rollout.batch import Rollout, rollout_from_tokens
+from rlcli.runtime.lora import adapters_off, dropout_on
 from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 from rlcli.runtime.seed import seed_everything
 from rlcli.train.checkpoint import (
@@ -36,6 +37,7 @@ from rlcli.train.checkpoint import (
     save_checkpoint,
 )
 from rlcli.train.learner import micro_batches, token_logprobs
+from rlcli.train.run import load_policy, trainable
 from rlcli.train.run_dir import config_dict
 
 
@@ -113,14 +115,20 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
     # The reference is the initial policy: its log-probs are computed once and cached, and
-    # the model is dropped before training starts.
-    reference = load_causal_lm(model_path, t.dtype, device, trainable=False)
-    cache = reference_logprobs(reference, tokenizer, train_pairs + test_pairs, cfg, device)
-    del reference
-    gc.collect()
-    key = "trainer.resume" if checkpoint else "model.path"  # named when it fails to load
-    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device, key=key)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    # the model is dropped before training starts. With LoRA it is the policy's base model
+    # (its adapters off), so no second model is loaded at all.
+    pairs = train_pairs + test_pairs
+    if cfg.model.lora.rank:
+        policy = load_policy(cfg, model_path, device, checkpoint)
+        with adapters_off(policy):
+            cache = reference_logprobs(policy, tokenizer, pairs, cfg, device)
+    else:
+        reference = load_causal_lm(model_path, t.dtype, device, trainable=False)
+        cache = reference_logprobs(reference, tokenizer, pairs, cfg, device)
+        del reference
+        gc.collect()
+        policy = load_policy(cfg, model_path, device, checkpoint)
+    optimizer = torch.optim.AdamW(trainable(policy), lr=t.lr, weight_decay=t.weight_decay)
     run = DpoRun(
         cfg,
         model_path,
@@ -186,9 +194,10 @@ def train_step(run: DpoRun) -> dict[str, float]:
     for first in range(0, len(pairs), t.micro_batch_size):
         chunk = pairs[first : first + t.micro_batch_size]
         batch = encode_pairs(run.tokenizer, chunk, run.cfg.algo.max_length, run.device)
-        logp, _ = token_logprobs(
-            run.policy, batch.input_ids, batch.attention_mask, batch.prompt_width
-        )
+        with dropout_on(run.policy):
+            logp, _ = token_logprobs(
+                run.policy, batch.input_ids, batch.attention_mask, batch.prompt_width
+            )
         seq = (logp * batch.response_mask).sum(-1)  # [2b]: chosen, then rejected
         ref = torch.tensor([run.reference[p.id] for p in chunk], device=run.device)
         n = len(chunk)

@@ -22,6 +22,7 @@ from rlcli.ops.objective import Objective
 from rlcli.rewards.scorer import Scorer, check_reward_fields
 from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
 from rlcli.runtime import distributed
+from rlcli.runtime.lora import add_adapters, load_adapters
 from rlcli.runtime.models import (
     compute_dtype,
     load_causal_lm,
@@ -40,7 +41,7 @@ from rlcli.train.checkpoint import (
     save_checkpoint,
     set_python_rng_state,
 )
-from rlcli.train.critic import load_critic
+from rlcli.train.critic import make_critic
 from rlcli.train.learner import TokenLogprobModel, objective_from_config
 from rlcli.train.run_dir import config_dict
 
@@ -97,9 +98,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     tokenizer = load_tokenizer(model_path)
     train_set = fit_prompts(cfg, tokenizer, train_set, "training")
     test_set = fit_prompts(cfg, tokenizer, test_set, "held-out")
-    # A resumed policy starts from the checkpoint; the reference stays the original model.
-    key = "trainer.resume" if checkpoint else "model.path"  # named when it fails to load
-    policy = load_causal_lm(str(checkpoint or model_path), t.dtype, device, key=key)
+    policy = load_policy(cfg, model_path, device, checkpoint)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.train()  # transformers only checkpoints in training mode; Llama has no dropout
@@ -110,15 +109,16 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     # beta = 0 means no KL term, so no reference model is loaded at all.
     # Frozen and used under autocast only, it is held in the compute dtype (half the memory).
     compute = compute_dtype(t, device)
-    reference = load_causal_lm(model_path, compute, device, trainable=False) if algo.beta else None
+    # With LoRA the reference is the policy itself with its adapters off (`lora.adapters_off`).
+    reference = None
+    if algo.beta:
+        lora = cfg.model.lora.rank > 0
+        reference = policy if lora else load_causal_lm(model_path, compute, device, False)
     critic = critic_optimizer = None
     if algo.advantage == "gae":
-        path = algo.critic_path or model_path
-        if checkpoint is not None:
-            critic = load_critic(str(checkpoint / "critic"), t.dtype, device, new_head=False)
-        else:
-            critic = load_critic(path, t.dtype, device, new_head=algo.critic_path is None)
-        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=algo.critic_lr or t.lr)
+        path, new_head = algo.critic_path or model_path, algo.critic_path is None
+        critic = make_critic(path, t.dtype, device, new_head, cfg.model.lora, checkpoint)
+        critic_optimizer = torch.optim.AdamW(trainable(critic), lr=algo.critic_lr or t.lr)
     sampler = make_sampler(
         SamplerSetup(
             cfg.sampler,
@@ -131,7 +131,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
             learner if sharded else None,
         )
     )
-    optimizer = torch.optim.AdamW(learner.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    optimizer = torch.optim.AdamW(trainable(learner), lr=t.lr, weight_decay=t.weight_decay)
     warmup_updates = t.warmup_steps * t.mini_batches * t.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / (warmup_updates + 1))
@@ -164,6 +164,26 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if checkpoint is not None:
         restore(run, checkpoint)
     return run
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters an optimiser updates: all of them, or a LoRA model's adapters."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def load_policy(cfg: Config, model_path: str, device, checkpoint: Path | None):
+    """The policy to train: the model, from `checkpoint` when resuming. With LoRA it is the base
+    model with fresh adapters, or with the checkpoint's (which holds the adapters only)."""
+    t, lora = cfg.trainer, cfg.model.lora
+    if not lora.rank:
+        key = "trainer.resume" if checkpoint else "model.path"  # named when it fails to load
+        return load_causal_lm(str(checkpoint or model_path), t.dtype, device, key=key)
+    policy = load_causal_lm(model_path, t.dtype, device)
+    if checkpoint is None:
+        add_adapters(policy, lora)
+    else:
+        load_adapters(policy, checkpoint)
+    return policy
 
 
 def run_state(run: Run) -> tuple[dict, dict]:

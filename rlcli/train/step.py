@@ -23,6 +23,7 @@ from rlcli.rewards.scorer import Scores, nanmean
 from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
 from rlcli.rollout.servers import WorkerLost
 from rlcli.runtime import distributed
+from rlcli.runtime.lora import adapters_off, dropout_on
 from rlcli.runtime.models import autocast
 from rlcli.train.batch import TrainBatch
 from rlcli.train.critic import batch_values, learn_critic
@@ -172,7 +173,8 @@ def train_step(run: Run) -> dict[str, float]:
     precision = functools.partial(autocast, run.device, run.compute_dtype)
     ref_logp = None
     if run.reference is not None:
-        with precision():
+        # A LoRA run's reference is the policy itself, its adapters off for this pass.
+        with precision(), adapters_off(run.reference):
             ref_logp = batch_logprobs(run.reference, rollout, mbs, temp, tokens)
     # With one update per batch the sampling policy is the current one, so its log-probs
     # equal the learner's own (detached); they are stored up front only when several updates
@@ -220,7 +222,7 @@ def train_step(run: Run) -> dict[str, float]:
             texts = run.rng.sample(run.ptx_texts, min(mbs, len(run.ptx_texts)))
             return algo.ptx_coef * lm_loss(run.policy, run.tokenizer, texts)
 
-    with precision():
+    with precision(), dropout_on(run.learner):
         epochs = [
             learn(run.learner, run.optimizer, objective, batch, plan, run.scheduler, ptx)
             for _ in range(t.epochs)

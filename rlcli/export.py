@@ -1,0 +1,60 @@
+"""`rlcli export CHECKPOINT OUT_DIR`: a checkpoint as one plain Hugging Face model directory.
+
+A LoRA run's checkpoints hold only the adapters (PEFT format); export merges them into the
+base model they name, so that transformers, vLLM, `rlcli eval` or the hub take the result as
+any model. A full fine-tuning checkpoint is written without its optimiser and run state.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rlcli.config import ConfigError
+from rlcli.runtime.lora import base_model_path, export_merged, is_adapter_dir
+from rlcli.train.checkpoint import damage, list_checkpoints
+
+
+def _checkpoint(path: Path) -> Path:
+    """`path` itself when it is a checkpoint, else the newest one of a run directory."""
+    if (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+        return path
+    found = list_checkpoints(path)
+    if not found:
+        raise ConfigError(
+            f"{path} is neither a checkpoint (a directory with adapter_config.json or "
+            "config.json) nor a run directory holding checkpoints/step_N."
+        )
+    return found[-1]
+
+
+def export_command(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="rlcli export", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="checkpoints/step_N, or a run directory")
+    parser.add_argument("out", type=Path, help="a new (or empty) directory to write")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="dtype of the written weights (default float32, as training keeps them)",
+    )
+    args = parser.parse_args(argv)
+    source = _checkpoint(args.checkpoint.expanduser())
+    if problem := damage(source):
+        raise ConfigError(f"the checkpoint {source} is damaged: {problem}. Export another one.")
+    out = args.out.expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(
+            f"{out} already holds files; export writes into a new or empty directory, so "
+            "nothing there is overwritten. Name another one."
+        )
+    if is_adapter_dir(source):
+        base = base_model_path(source)
+        if not Path(base).is_dir():
+            raise ConfigError(
+                f"{source} holds LoRA adapters for the base model {base}, which is not on this "
+                "machine: export where the run was trained, or put the base model there."
+            )
+        print(f"rlcli: merging the LoRA adapters of {source} into {base} ...")
+    export_merged(source, out, args.dtype)
+    print(f"rlcli: wrote a Hugging Face model to {out} (load it with model.path={out})")

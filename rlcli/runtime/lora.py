@@ -1,0 +1,177 @@
+"""LoRA adapters on a model (`model.lora.rank > 0`), through transformers' PEFT integration.
+
+The adapters are injected into the Hugging Face model itself (`add_adapter`), so the learner,
+`generate` and the chunked head call it exactly as they call a fully trained model; only the
+adapters' parameters require gradients. What LoRA changes elsewhere goes through here:
+- the reference is the same model with its adapters switched off (`adapters_off`), so no
+  second copy of the weights is held;
+- vLLM receives the merged weights W + (alpha/r)·B·A (`sampler_weights`), computed one matrix
+  at a time beside the model, which itself is never merged in place;
+- `save_pretrained` writes the adapter only (PEFT's `adapter_model.safetensors` and
+  `adapter_config.json`, naming the base model), and `load_adapters` reads it back;
+- `export_merged` writes one plain Hugging Face model (`rlcli export`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlcli.config import ConfigError, LoraConfig
+from rlcli.runtime import distributed
+
+ADAPTER_CONFIG = "adapter_config.json"
+# peft's name for "every linear layer but the output head": the attention and MLP projections
+# of any transformer LM, whatever each architecture calls them.
+ALL_LINEAR = "all-linear"
+
+
+def check_settings(lora: LoraConfig) -> None:
+    """The ranges of `model.lora.*` (a ConfigError naming the bad value)."""
+    if lora.rank < 0:
+        raise ConfigError(f"model.lora.rank={lora.rank} must be >= 0 (0 = no LoRA).")
+    if not lora.rank:
+        return
+    if not lora.alpha > 0:
+        raise ConfigError(f"model.lora.alpha={lora.alpha} must be > 0 (scale = alpha / rank).")
+    if not 0 <= lora.dropout < 1:
+        raise ConfigError(f"model.lora.dropout={lora.dropout} must be in [0, 1).")
+    if not lora.target_modules:
+        raise ConfigError(
+            f"model.lora.target_modules is empty: name the layers to adapt (module names such "
+            f"as [q_proj,v_proj]) or [{ALL_LINEAR}] (every linear layer but the output head)."
+        )
+
+
+def _peft_config(lora: LoraConfig, keep: tuple[str, ...] = ()):
+    from peft import LoraConfig as PeftLoraConfig
+
+    targets = list(lora.target_modules)
+    return PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else targets,
+        # Trained whole beside the adapters and saved with them (PPO's new value head).
+        modules_to_save=list(keep) or None,
+    )
+
+
+def add_adapters(model: nn.Module, lora: LoraConfig, keep: tuple[str, ...] = ()) -> None:
+    """Inject fresh adapters (B = 0, so the model's outputs are unchanged) and freeze the rest;
+    the modules named in `keep` stay trainable whole."""
+    try:
+        model.add_adapter(_peft_config(lora, keep))
+    except ValueError as err:  # peft: "Target modules {...} not found in the base model"
+        names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m) is nn.Linear}
+        names.discard("lm_head")
+        why = "matches no layer of this model" if "not found" in str(err) else str(err)
+        raise ConfigError(
+            f"model.lora.target_modules=[{','.join(lora.target_modules)}] {why}: its linear "
+            f"layers are {', '.join(sorted(names))}; or use [{ALL_LINEAR}]."
+        ) from None
+
+
+def load_adapters(model: nn.Module, directory: Path) -> None:
+    """Put the adapters saved in `directory` (a checkpoint) on the base `model`, trainable."""
+    model.load_adapter(str(directory), is_trainable=True)
+
+
+def has_adapters(model: nn.Module) -> bool:
+    return bool(getattr(model, "_hf_peft_config_loaded", False))
+
+
+def is_adapter_dir(path: Path) -> bool:
+    """A directory holding a PEFT adapter (a LoRA checkpoint) rather than a whole model."""
+    return (path / ADAPTER_CONFIG).is_file() and not (path / "config.json").is_file()
+
+
+@contextlib.contextmanager
+def adapters_off(model: nn.Module):
+    """The base model inside the block: the reference of a LoRA run. A no-op for a model
+    without adapters (a separately loaded reference)."""
+    if not has_adapters(model):
+        yield
+        return
+    model.disable_adapters()
+    try:
+        yield
+    finally:
+        model.enable_adapters()
+
+
+@contextlib.contextmanager
+def dropout_on(model: nn.Module):
+    """LoRA's dropout active inside the block: the learner's passes that take gradients. The
+    model is otherwise in eval mode, so sampling, the reference and old log-probs see no
+    dropout (an unchanged policy's ratio stays 1 there)."""
+    layers = [m for n, m in model.named_modules() if n.endswith("lora_dropout")]
+    for layer in layers:
+        layer.train()
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.eval()
+
+
+def _merged(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every parameter of the model as it would be merged, under the base
+    model's names: W + ΔW for each adapted layer (a new tensor; the model is not touched), the
+    other parameters as they are, tied ones once, the adapters' own parameters never."""
+    seen: set[int] = set()
+    inside: tuple[str, ...] = ()  # prefixes of the adapted layers already yielded
+    for name, module in model.named_modules():
+        if inside and name.startswith(inside):
+            continue
+        prefix = f"{name}." if name else ""
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            inside = (*inside, prefix)
+            base = module.base_layer
+            for pname, param in base.named_parameters(recurse=False):
+                tensor = param.detach()
+                if pname == "weight" and not module.disable_adapters:
+                    for adapter in module.active_adapters:
+                        tensor = tensor + module.get_delta_weight(adapter).to(tensor.dtype)
+                yield prefix + pname, tensor
+            continue
+        for pname, param in module.named_parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                yield prefix + pname, param.detach()
+
+
+@torch.no_grad()
+def sampler_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What an inference engine loads after a step: the merged weights of a LoRA model, else
+    every parameter (gathered one at a time when sharded)."""
+    if has_adapters(model):
+        yield from _merged(model)
+    else:
+        yield from distributed.full_parameters(model)
+
+
+def base_model_path(directory: Path) -> str:
+    """The model a saved adapter was trained on (PEFT's `base_model_name_or_path`)."""
+    return json.loads((directory / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+
+
+def export_merged(checkpoint: Path, out: Path, dtype: str = "float32") -> None:
+    """Write the checkpoint's model as one plain Hugging Face directory: a LoRA checkpoint's
+    adapters merged into its base model (PEFT's `merge_and_unload`), a full one as it is."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    load = {"dtype": getattr(torch, dtype)}
+    if is_adapter_dir(checkpoint):
+        base = AutoModelForCausalLM.from_pretrained(base_model_path(checkpoint), **load)
+        model = PeftModel.from_pretrained(base, str(checkpoint)).merge_and_unload()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), **load)
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(checkpoint)).save_pretrained(out)

