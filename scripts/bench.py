@@ -97,7 +97,10 @@ def main() -> None:
     tokens, responses = mean("batch/tokens"), mean("response/length_mean") * samples
     forward = 2 * (body * tokens + head * responses) * world
     forwards = (cfg.algo.beta > 0) + (cfg.trainer.mini_batches * cfg.trainer.epochs > 1)
-    flops = forward * (forwards + 3 * cfg.trainer.epochs)
+    # With LoRA the backward computes the activations' gradients only (the frozen weights get
+    # none, the adapters' are negligible): one forward's worth, not two.
+    update = 2 if cfg.model.lora.rank else 3
+    flops = forward * (forwards + update * cfg.trainer.epochs)
     learner_seconds = mean("time/learn") + mean("time/logprobs")
     peak = matmul_peak(device, getattr(torch, compute)) * world
     report = {

@@ -196,6 +196,7 @@ class TrainerConfig:
     save_every: int = MISSING
     keep_last: int | None = MISSING
     resume: str | None = MISSING
+    push_to_hub: str | None = MISSING
     max_bad_steps: int = MISSING
     eval_every: int = MISSING
 

@@ -25,6 +25,7 @@ from rlcli.train import step as rl_step
 from rlcli.train.checkpoint import read_state, remove_incomplete, resume_point
 from rlcli.train.guard import EXIT_WORKER_LOST, LoopGuard, RunStopped, resume_command
 from rlcli.train.held_out import EVAL_SEED, evaluate
+from rlcli.train.hub import check_push, push
 from rlcli.train.run_dir import check_resume, record_config
 
 
@@ -128,6 +129,8 @@ def train(cfg: Config, run_dir: Path) -> Path:
             say(line)
         event = f"resumed from {checkpoint} at step {state['step']}"
     if main:
+        if t.push_to_hub:
+            check_push(t.push_to_hub)
         record_config(run_dir, cfg, f"{event}: {resume_command(run_dir)}")
     run = trainer.setup(cfg, checkpoint)
     if checkpoint is not None:
@@ -167,5 +170,7 @@ def train(cfg: Config, run_dir: Path) -> Path:
     say(f"rlcli: metrics in {tracker.path}")
     say(f"rlcli: curves in {curves}")
     say(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
+    if main and t.push_to_hub:
+        say(f"rlcli: pushed {saved.name} to the hub: {push(saved, t.push_to_hub)}")
     distributed.shutdown()
     return tracker.path

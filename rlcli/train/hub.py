@@ -1,0 +1,67 @@
+"""Pushing a finished run's model to the Hugging Face hub (`trainer.push_to_hub=REPO`).
+
+`check_push` runs before any model loads, so a run that could not push (no token, offline
+mode, a malformed repo id) fails in seconds, not at the end of hours of training. `push`
+uploads the final checkpoint's model files with `huggingface_hub`; when that fails the
+checkpoint is on disk and the message says how to push it by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlcli.config import ConfigError
+
+# What a checkpoint holds for resuming rather than for using the model: not pushed.
+TRAINING_STATE = ["optimizer.pt", "trainer_state.json", "manifest.json", "critic/*", ".rlcli-*"]
+
+
+def check_push(repo: str) -> None:
+    """A ConfigError now for what would make `push(repo)` fail at the end of the run."""
+    from huggingface_hub import constants, get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as err:
+        raise ConfigError(
+            f"trainer.push_to_hub={repo} is not a hub repo id: {err}. Give user/name or org/name."
+        ) from None
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(
+            f"trainer.push_to_hub={repo} but HF_HUB_OFFLINE is set: nothing can be pushed. "
+            "Unset it, or drop trainer.push_to_hub and upload the checkpoint later with "
+            "`hf upload REPO RUN_DIR/checkpoints/step_N`."
+        )
+    if get_token() is None:
+        raise ConfigError(
+            f"trainer.push_to_hub={repo} needs a Hugging Face token with write access: run "
+            "`hf auth login` or set HF_TOKEN, or drop trainer.push_to_hub."
+        )
+
+
+def push(checkpoint: Path, repo: str) -> str:
+    """Upload `checkpoint`'s model files to `repo` (created when missing); the commit's URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        api.create_repo(repo, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo,
+            folder_path=checkpoint,
+            commit_message=f"rlcli: {checkpoint.name} of {checkpoint.parent.parent.name}",
+            ignore_patterns=TRAINING_STATE,
+        )
+    # Whatever the network, the hub or the token did, the run itself is done and saved: one
+    # paragraph that says so, never a traceback that hides it.
+    except Exception as err:  # noqa: BLE001
+        first = (
+            f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        )
+        raise ConfigError(
+            f"trainer.push_to_hub={repo}: the push failed ({first}). The run finished and its "
+            f"checkpoint is saved in {checkpoint}; push it later with `hf upload {repo} "
+            f"{checkpoint} --exclude optimizer.pt`."
+        ) from None
+    return str(commit.commit_url)
