@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rlcli.config import ConfigError
 from rlcli.runtime.lora import base_model_path, export_merged, is_adapter_dir
-from rlcli.train.checkpoint import damage, list_checkpoints
+from rlcli.train.checkpoint import STATE_FILE, damage, list_checkpoints
 
 
 def _checkpoint(path: Path) -> Path:
@@ -40,7 +40,8 @@ def export_command(argv: list[str]) -> None:
     )
     args = parser.parse_args(argv)
     source = _checkpoint(args.checkpoint.expanduser())
-    if problem := damage(source):
+    # A checkpoint of rlcli's is checked against its manifest; a plain model directory is not.
+    if (source / STATE_FILE).is_file() and (problem := damage(source)):
         raise ConfigError(f"the checkpoint {source} is damaged: {problem}. Export another one.")
     out = args.out.expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -157,6 +157,17 @@ BAD_INPUTS = [
     BadInput("reward function file that does not exist",
              ["reward=python", "reward.function=/nonexistent/r.py:score"],
              "reward.function='/nonexistent/r.py:score': no such file"),
+    BadInput("negative LoRA rank", ["model.lora.rank=-4"],
+             "model.lora.rank=-4 must be >= 0 (0 = no LoRA)."),
+    BadInput("LoRA layers the model does not have",
+             ["model=tiny", "model.lora.rank=4", "model.lora.target_modules=[qkv]"],
+             "model.lora.target_modules=[qkv] matches no layer of this model: its linear layers "
+             "are down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
+    BadInput("a LoRA checkpoint given as the model", ["model.path={tmp}/adapters"],
+             "holds LoRA adapters (a checkpoint of a model.lora run), not a whole model",
+             {"adapters": None, "adapters/adapter_config.json": "{}"}),
+    BadInput("hub repo id that is not one", ["trainer.push_to_hub=not a repo"],
+             "trainer.push_to_hub=not a repo is not a hub repo id"),
 ]  # fmt: skip
 
 

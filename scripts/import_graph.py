@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "commands",
         [
             "rlcli.evaluate",
+            "rlcli.export",
             "rlcli.filter",
             "rlcli.pairs",
             "rlcli.sweep",

@@ -12,10 +12,16 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlcli.cli import main as rlcli
-from rlcli.config import ConfigError
+from rlcli.config import CONF_DIR, ConfigError
 from rlcli.config.validate import compose
 from rlcli.data.problems import render_prompt
-from rlcli.runtime.lora import adapters_off, add_adapters, load_adapters, sampler_weights
+from rlcli.runtime.lora import (
+    adapters_off,
+    add_adapters,
+    dropout_on,
+    load_adapters,
+    sampler_weights,
+)
 from rlcli.runtime.models import load_causal_lm
 from rlcli.train.dpo import pair_metrics
 from rlcli.train.dpo import setup as dpo_setup
@@ -26,6 +32,7 @@ from rlcli.train.run import setup
 from rlcli.train.step import train_step
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pairs.jsonl"
+ALGOS = sorted(p.stem for p in (CONF_DIR / "algo").glob("*.yaml") if p.stem != "dpo")
 CPU = torch.device("cpu")
 
 
@@ -160,3 +167,44 @@ def test_dpo_with_lora_uses_the_base_model_as_reference_and_learns():
         dpo_step(lora)
     after = pair_metrics(lora, pairs)
     assert after["reward/accuracy"] > 0.9 and after["loss"] < math.log(2) - 0.15, after
+
+
+def test_dropout_acts_in_the_learners_passes_only(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, "float32", CPU)
+    lora = compose(["model=tiny", "model.lora.rank=4", "model.lora.dropout=0.5"]).model.lora
+    add_adapters(model, lora)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)
+    ids = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(model(ids).logits, model(ids).logits)  # sampling, reference, old logp
+    with dropout_on(model):
+        assert not torch.equal(model(ids).logits, model(ids).logits)
+    assert torch.equal(model(ids).logits, model(ids).logits)
+
+
+def test_export_of_a_full_checkpoint_copies_the_model(tiny_model_dir, tmp_path):
+    rlcli(["export", tiny_model_dir, str(tmp_path / "out"), "--dtype", "bfloat16"])
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert exported.dtype == torch.bfloat16
+    original = load_causal_lm(tiny_model_dir, "float32", CPU)
+    ids = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(4))
+    assert torch.allclose(exported.float()(ids).logits, original(ids).logits, atol=0.05)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algorithm_trains_the_adapters(tiny_overrides, algo):
+    # The tiny model never ends a response: DAPO's overlong filter would leave nothing to learn.
+    extra = ["algo.overlong_filter=false"] if algo == "dapo" else []
+    run = setup(
+        compose([*tiny_overrides, f"algo={algo}", "sampler=hf", "model.lora.rank=4", *extra])
+    )
+    before = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
+    metrics = train_step(run)
+    assert math.isfinite(metrics["loss"])
+    moved = {n for n, p in run.policy.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("lora_" in n for n in moved), sorted(moved)[:3]
+    if run.critic is not None:  # PPO: the critic's adapters and value head, nothing else
+        assert {n for n, p in run.critic.named_parameters() if p.requires_grad} == {
+            n for n, _ in run.critic.named_parameters() if "lora_" in n or "modules_to_save" in n
+        }

@@ -67,6 +67,7 @@ def add_adapters(model: nn.Module, lora: LoraConfig, keep: tuple[str, ...] = ())
     the modules named in `keep` stay trainable whole."""
     try:
         model.add_adapter(_peft_config(lora, keep))
+        dropout_off(model)
     except ValueError as err:  # peft: "Target modules {...} not found in the base model"
         names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m) is nn.Linear}
         names.discard("lm_head")
@@ -80,6 +81,7 @@ def add_adapters(model: nn.Module, lora: LoraConfig, keep: tuple[str, ...] = ())
 def load_adapters(model: nn.Module, directory: Path) -> None:
     """Put the adapters saved in `directory` (a checkpoint) on the base `model`, trainable."""
     model.load_adapter(str(directory), is_trainable=True)
+    dropout_off(model)
 
 
 def has_adapters(model: nn.Module) -> bool:
@@ -105,12 +107,23 @@ def adapters_off(model: nn.Module):
         model.enable_adapters()
 
 
+def _dropout_layers(model: nn.Module) -> list[nn.Module]:
+    return [m for n, m in model.named_modules() if n.endswith("lora_dropout")]
+
+
+def dropout_off(model: nn.Module) -> None:
+    """LoRA's dropout inactive, whatever mode the model is in: new adapters are made in training
+    mode, and gradient checkpointing puts the whole model in it."""
+    for layer in _dropout_layers(model):
+        layer.eval()
+
+
 @contextlib.contextmanager
 def dropout_on(model: nn.Module):
-    """LoRA's dropout active inside the block: the learner's passes that take gradients. The
-    model is otherwise in eval mode, so sampling, the reference and old log-probs see no
+    """LoRA's dropout active inside the block: the learner's passes that take gradients.
+    Elsewhere it is off (`dropout_off`), so sampling, the reference and old log-probs see no
     dropout (an unchanged policy's ratio stays 1 there)."""
-    layers = [m for n, m in model.named_modules() if n.endswith("lora_dropout")]
+    layers = _dropout_layers(model)
     for layer in layers:
         layer.train()
     try:

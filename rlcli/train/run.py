@@ -22,7 +22,7 @@ from rlcli.ops.objective import Objective
 from rlcli.rewards.scorer import Scorer, check_reward_fields
 from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
 from rlcli.runtime import distributed
-from rlcli.runtime.lora import add_adapters, load_adapters
+from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
 from rlcli.runtime.models import (
     compute_dtype,
     load_causal_lm,
@@ -102,6 +102,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.train()  # transformers only checkpoints in training mode; Llama has no dropout
+        dropout_off(policy)  # LoRA's has, for the learner's passes only
     sharded = distributed.world_size() > 1
     learner = TokenLogprobModel(policy)
     if sharded:

@@ -228,12 +228,13 @@ def train_step(run: Run) -> dict[str, float]:
             for _ in range(t.epochs)
         ]
     if run.critic is not None:
-        for _ in range(t.epochs):
-            metrics.update(
-                learn_critic(
-                    run.critic, run.critic_optimizer, batch, algo.value_clip, algo.vf_coef, plan
+        with dropout_on(run.critic):
+            for _ in range(t.epochs):
+                metrics.update(
+                    learn_critic(
+                        run.critic, run.critic_optimizer, batch, algo.value_clip, algo.vf_coef, plan
+                    )
                 )
-            )
     learned = time.perf_counter()
     try:
         run.sampler.sync(run.policy)  # the next batch is sampled with the updated weights
