@@ -110,7 +110,7 @@ def test_bad_values_exit_2_with_a_message_and_no_traceback(tmp_path):
     out = rlcli("frobnicate")
     assert (
         out.returncode == 2
-        and "valid commands: train, filter, pairs, eval, rollout-server, plot, recipes"
+        and "valid commands: train, filter, pairs, eval, rollout-server, plot, export, recipes"
         in out.stderr
     )
 

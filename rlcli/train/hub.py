@@ -56,9 +56,8 @@ def push(checkpoint: Path, repo: str) -> str:
     # Whatever the network, the hub or the token did, the run itself is done and saved: one
     # paragraph that says so, never a traceback that hides it.
     except Exception as err:  # noqa: BLE001
-        first = (
-            f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-        )
+        text = str(err).strip()
+        first = f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
         raise ConfigError(
             f"trainer.push_to_hub={repo}: the push failed ({first}). The run finished and its "
             f"checkpoint is saved in {checkpoint}; push it later with `hf upload {repo} "
