@@ -11,13 +11,13 @@ import argparse
 from pathlib import Path
 
 from rlcli.config import ConfigError
-from rlcli.runtime.lora import base_model_path, export_merged, is_adapter_dir
+from rlcli.runtime.lora import ADAPTER_CONFIG, base_model_path, export_merged, is_adapter_dir
 from rlcli.train.checkpoint import STATE_FILE, damage, list_checkpoints
 
 
 def _checkpoint(path: Path) -> Path:
     """`path` itself when it is a checkpoint, else the newest one of a run directory."""
-    if (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+    if (path / ADAPTER_CONFIG).is_file() or (path / "config.json").is_file():
         return path
     found = list_checkpoints(path)
     if not found:

@@ -18,6 +18,16 @@ from rlcli.train.dpo import encode_pairs, pair_metrics, sequence_logprobs, setup
 from tests.test_train import rlcli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pairs.jsonl"
+# DPO on the tiny model and the fixture's 12 pairs, all of them in each step.
+TINY_DPO = [
+    "model=tiny",
+    "algo=dpo",
+    "data=pairs",
+    f"data.path={FIXTURE}",
+    "trainer.prompts_per_step=12",
+    "trainer.micro_batch_size=4",
+    "logger.progress=false",
+]
 
 
 def pairs_cfg(path, *overrides):
@@ -74,20 +84,7 @@ def test_best_vs_worst_skips_ties_and_unscored():
 
 @pytest.fixture(scope="module")
 def tiny_dpo():
-    return setup(
-        compose(
-            [
-                "model=tiny",
-                "algo=dpo",
-                "data=pairs",
-                f"data.path={FIXTURE}",
-                "trainer.prompts_per_step=12",
-                "trainer.micro_batch_size=4",
-                "trainer.lr=1e-3",
-                "logger.progress=false",
-            ]
-        )
-    )
+    return setup(compose([*TINY_DPO, "trainer.lr=1e-3"]))
 
 
 def test_the_reference_cache_holds_the_initial_policys_log_probs(tiny_dpo):

