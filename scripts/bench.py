@@ -10,6 +10,14 @@ and the learner's achieved FLOP/s as a share of this machine's measured matmul p
 Arguments other than --steps and --warmup are rlcli config overrides. The first `--warmup`
 steps (1) are run but not counted: they include one-off costs (compiling, allocator growth).
 Peak memory is the process's maximum resident set (CPU) or the largest CUDA allocation (GPU).
+
+The FLOP limit is the step's work at this machine's measured matmul peak in the compute dtype:
+6 FLOPs per parameter and token for the learner's forward and backward (2 for each extra
+forward: reference, old log-probs; LoRA's backward 2), the LM head on response tokens only,
+and for sampling 2 per parameter per prompt token (once per prompt: its samples share the
+prefill) and per sampled token. Gradient checkpointing's recompute is not counted as work.
+Decode is also bound by memory: each decode step of the batch reads every weight once, so
+sampling cannot beat (longest response) x (weight bytes) / (measured read bandwidth).
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ SHAPES = {
 }
 
 
-def matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+def matmul_peak(
+    device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 20
+) -> float:
     """Best FLOP/s of an n x n matmul on `device`: the ceiling the learner is compared with."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -55,6 +65,21 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
+
+
+def read_bandwidth(device: torch.device, gib: float = 0.5, repeats: int = 5) -> float:
+    """Best bytes/s of summing a `gib` GiB float32 tensor: how fast the weights can be read."""
+    x = torch.ones(int(gib * 2**30) // 4, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        x.sum()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -76,8 +101,14 @@ def main() -> None:
          f"trainer.max_steps={total}"]
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="rlcli-bench-") as run_dir:
+        began = time.perf_counter()
         train(cfg, Path(run_dir))
-        rows = read_metrics(Path(run_dir))[args.warmup :]
+        wall = time.perf_counter() - began
+        every = read_metrics(Path(run_dir))
+        rows = every[args.warmup :]
+    # Everything outside the steps: loading, the engine's start-up (compiling, with
+    # sampler.enforce_eager=false), the final checkpoint.
+    outside_steps = wall - sum(r["time/step"] for r in every)
     world = distributed.world_size()
     if distributed.rank() != 0:
         return
@@ -93,7 +124,7 @@ def main() -> None:
     # Learner FLOPs: a forward costs 2 per parameter per token it reads, a backward twice that;
     # the LM head only runs on response tokens. Forwards: reference (beta > 0), old log-probs
     # (several updates per batch), and one per epoch with its backward.
-    body, head = _param_counts(cfg)
+    body, head, total = _param_counts(cfg)
     tokens, responses = mean("batch/tokens"), mean("response/length_mean") * samples
     forward = 2 * (body * tokens + head * responses) * world
     forwards = (cfg.algo.beta > 0) + (cfg.trainer.mini_batches * cfg.trainer.epochs > 1)
@@ -103,6 +134,18 @@ def main() -> None:
     flops = forward * (forwards + update * cfg.trainer.epochs)
     learner_seconds = mean("time/learn") + mean("time/logprobs")
     peak = matmul_peak(device, getattr(torch, compute)) * world
+    # Sampling: each prompt's prefill once, then every sampled token through the whole model.
+    prompts = cfg.trainer.prompts_per_step * mean("batch/gen_batches")
+    prompt_tokens = (tokens - responses) / samples * prompts
+    sampled = responses * mean("batch/gen_batches")
+    rollout_flops = 2 * (body * prompt_tokens + total * sampled) * world
+    step_limit = (flops + rollout_flops) / peak
+    # The batch decodes together: its longest response is the number of decode steps, each of
+    # which reads all the engine's weights (2 bytes each in bfloat16) at least once.
+    weight_bytes = total * torch.tensor([], dtype=getattr(torch, compute)).element_size()
+    bandwidth = read_bandwidth(device)
+    decode_steps = mean("response/length_max") * mean("batch/gen_batches")
+    rollout_limit = max(rollout_flops / peak, decode_steps * weight_bytes / bandwidth)
     report = {
         "steps": len(rows),
         "shape": args.shape or "as configured",
@@ -112,6 +155,7 @@ def main() -> None:
             round(min(r["time/step"] for r in rows), 3),
             round(max(r["time/step"] for r in rows), 3),
         ],
+        "outside_steps_s": round(outside_steps, 1),
         "world_size": world,
         "compute_dtype": compute,
         **{f"seconds/{p}": round(mean(f"time/{p}"), 3) for p in PHASES},
@@ -121,15 +165,25 @@ def main() -> None:
         "learner_gflop_per_s": round(flops / learner_seconds / 1e9, 2),
         "matmul_peak_gflop_per_s": round(peak / 1e9, 2),
         "learner_share_of_peak": round(flops / learner_seconds / peak, 4),
+        "learner_padding_frac": round(mean("batch/padding_frac"), 4),
+        "step_tflop": round((flops + rollout_flops) / 1e12, 3),
+        "step_flop_limit_s": round(step_limit, 3),
+        "step_over_flop_limit": round(step / step_limit, 2),
+        "rollout_tokens_per_s": round(sampled / mean("time/sample"), 1),
+        "memory_read_gb_per_s": round(bandwidth / 1e9, 1),
+        "rollout_flop_limit_s": round(rollout_flops / peak, 3),
+        "rollout_bandwidth_limit_s": round(decode_steps * weight_bytes / bandwidth, 3),
+        "rollout_share_of_limit": round(rollout_limit / mean("time/sample"), 4),
         "sync_share_of_step": round(mean("time/sync") / step, 4),
         "reward_mean": round(mean("reward/mean"), 4),
     }
     print(json.dumps(report, indent=1))
 
 
-def _param_counts(cfg) -> tuple[int, int]:
-    """(parameters outside the LM head, LM head parameters) of the policy, read on the meta
-    device (shapes only); a tied embedding counts once, as the head."""
+def _param_counts(cfg) -> tuple[int, int, int]:
+    """(parameters outside the LM head and the input embedding, LM head parameters, all
+    parameters) of the policy, read on the meta device (shapes only); a tied embedding counts
+    once, as the head."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlcli.runtime.models import resolve_model_path
@@ -140,7 +194,7 @@ def _param_counts(cfg) -> tuple[int, int]:
     head = model.get_output_embeddings().weight.numel()
     total = sum(p.numel() for p in model.parameters())  # tied weights are listed once
     embedding = 0 if config.tie_word_embeddings else model.get_input_embeddings().weight.numel()
-    return total - head - embedding, head
+    return total - head - embedding, head, total
 
 
 if __name__ == "__main__":

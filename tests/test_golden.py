@@ -1,12 +1,13 @@
 """Behaviour kept through refactors: seeded GRPO, DAPO, PPO and DPO runs of the real
-`rlcli train` on the tiny model give the per-step metrics recorded in
-`fixtures/golden_metrics.json`.
+`rlcli train` on the tiny model give the per-step metrics recorded in `fixtures/`.
 
-The numbers were recorded before the package was reorganised into folders (issue 17) by
-`RLCLI_RECORD_GOLDEN=1 pytest tests/test_golden.py`; a change that alters what a run
-computes (a sampled token, a reward, a loss, a gradient) changes them. Wall-clock timings are
-left out. Re-record only for a change that is meant to alter the numbers, and say why in its
-commit.
+The numbers are recorded by `RLCLI_RECORD_GOLDEN=1 pytest tests/test_golden.py`; a change
+that alters what a run computes (a sampled token, a reward, a loss, a gradient) changes them.
+Wall-clock timings are left out. Re-record only for a change that is meant to alter the
+numbers, and say why in its commit. Last re-recorded for issue 22's learner (eager attention
+on CPU, gradient checkpointing, one pass per batch, the head's own backward, fused AdamW):
+float32 tests show it computes today's loss and gradients (tests/test_learner.py); in
+bfloat16 the rounding moved, and the HF sampler's tokens with it.
 """
 
 import json
@@ -20,12 +21,17 @@ import pytest
 import torch
 
 # The runs compute in bfloat16, whose matmuls accumulate in another order on CPUs with AMX than
-# on those with AVX512-BF16 only: each kind has its record. Measured between the two: the same
-# sampled tokens and counts, floats apart by up to 0.7% after three steps (grad norms), far
-# more than rounding within one kind allows. The AMX record was written by the code of
-# commit dd22d3f, before LoRA.
+# on those with AVX512-BF16 only: each kind has its record. Measured between the two (code of
+# issue 21): the same sampled tokens and counts, floats apart by up to 0.7% after three steps
+# (grad norms), far more than rounding within one kind allows.
+# The AMX record is exact. The other was written on an AMX machine with oneDNN held to
+# AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16), which reproduced the record of a real
+# AVX512-BF16 machine within 5e-5 (issue 21's code; three steps of DAPO, PPO, DPO): hence its
+# tolerance. vLLM's CPU kernels stop with SIGILL under that setting, so the GRPO run (vLLM) is
+# compared on such machines with the AMX record, at the 0.7% measured between the kinds (x3).
 AMX = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
 GOLDEN = Path(__file__).parent / "fixtures" / f"golden_metrics{'_amx' if AMX else ''}.json"
+AMX_GOLDEN = GOLDEN.with_name("golden_metrics_amx.json")
 PAIRS = Path(__file__).parent / "fixtures" / "pairs.jsonl"
 TINY = [
     "model=tiny",
@@ -77,14 +83,18 @@ def test_seeded_run_matches_the_recorded_metrics(tmp_path, algo):
     if os.environ.get("RLCLI_RECORD_GOLDEN"):
         recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
         GOLDEN.write_text(json.dumps({**recorded, algo: got}, indent=1, sort_keys=True) + "\n")
-    expected = json.loads(GOLDEN.read_text())[algo]
+    recorded = json.loads(GOLDEN.read_text())
+    rel = 1e-6 if AMX else 1e-3
+    if algo not in recorded:  # GRPO off AMX: see AMX_GOLDEN above
+        recorded, rel = json.loads(AMX_GOLDEN.read_text()), 2e-2
+    expected = recorded[algo]
     assert [sorted(row) for row in got] == [sorted(row) for row in expected]
     for step, (row, want) in enumerate(zip(got, expected, strict=True), start=1):
         for key, value in want.items():
             # Equal up to float rounding (a sum taken in another order moves the last bits).
             if isinstance(value, float):
                 same = (math.isnan(value) and math.isnan(row[key])) or value == pytest.approx(
-                    row[key], rel=1e-6, abs=1e-9
+                    row[key], rel=rel, abs=1e-9
                 )
             else:
                 same = row[key] == value

@@ -113,3 +113,74 @@ def test_dr_grpo_weighs_a_response_the_same_when_another_is_masked_out(run, batc
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
     assert grads[0].abs().sum() > 0
     assert torch.allclose(grads[1], grads[0], rtol=1e-4, atol=1e-8)
+
+
+def test_fast_path_gives_the_plain_paths_loss_and_gradients(run, batch, monkeypatch):
+    # The learner's fast path (issue 22): eager attention, gradient checkpointing, the head's
+    # hand-written backward and the whole batch in one pass, against PyTorch's sdpa attention,
+    # no checkpointing, the head through plain autograd over full logits and passes of 5 rows:
+    # the same loss and gradients in float32. KL, entropy bonus and temperature are on so that
+    # every term's gradient is compared.
+    import rlcli.train.learner as learner_module
+    from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
+    from rlcli.runtime.models import load_causal_lm
+
+    def plain_head(hidden, weight, tokens, bias=None, temperature=1.0, with_entropy=True):
+        logits = hidden @ weight.T + (0 if bias is None else bias)
+        logp, entropy = plain_logprob_entropy(logits, tokens, temperature)
+        return logp, entropy if with_entropy else None
+
+    torch.manual_seed(0)
+    advantages = torch.randn(len(batch.texts))
+    ref_logp = batch_logprobs(run.policy, batch, 12) + 0.1 * torch.randn(batch.response_mask.shape)
+    algo = copy.deepcopy(run.cfg.algo)
+    algo.beta, algo.entropy_coef = 0.1, 0.01
+    sampler = dataclasses.replace(run.cfg.sampler, temperature=0.8)
+    objective = objective_from_config(algo, sampler, norm_len=16)
+    train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, None, ref_logp)
+    results = []
+    for fast in (True, False):
+        policy = load_causal_lm(run.model_path, "float32", torch.device("cpu"))  # eager on CPU
+        if fast:
+            policy.gradient_checkpointing_enable({"use_reentrant": False})
+            policy.train()
+            head, rows = chunked_logprob_entropy, len(batch.texts)
+        else:
+            policy.set_attn_implementation("sdpa")
+            head, rows = plain_head, 5
+        monkeypatch.setattr(learner_module, "chunked_logprob_entropy", head)
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)  # keeps .grad, moves nothing
+        plan = UpdatePlan(mini_batches=1, micro_batch_size=rows, max_grad_norm=0.0)
+        metrics = learn(policy, optimizer, objective, train_batch, plan)
+        grad = torch.cat([p.grad.flatten() for p in policy.parameters()])
+        results.append((metrics["loss"], metrics["entropy"], grad))
+    (loss, entropy, grad), (want_loss, want_entropy, want_grad) = results
+    assert grad.abs().sum() > 0
+    assert loss == pytest.approx(want_loss, rel=1e-5, abs=1e-7)
+    assert entropy == pytest.approx(want_entropy, rel=1e-5)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_fused_adamw_makes_the_multi_tensor_kernels_updates(run):
+    # rlcli's optimiser (runtime.models.adamw) takes PyTorch's fused kernel; three steps on the
+    # same gradients, with weight decay, leave the weights where the multi-tensor kernel does.
+    from rlcli.runtime.models import adamw
+
+    torch.manual_seed(0)
+    grads = [[torch.randn_like(p) * 1e-3 for p in run.policy.parameters()] for _ in range(3)]
+    weights = []
+    for fused in (True, False):
+        params = [p.detach().clone().requires_grad_() for p in run.policy.parameters()]
+        if fused:
+            optimizer = adamw(params, lr=1e-3, weight_decay=0.1)
+            assert optimizer.defaults["fused"]
+        else:
+            optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, foreach=True)
+        for step in grads:
+            for p, g in zip(params, step, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        weights.append(torch.cat([p.detach().flatten() for p in params]))
+    start = torch.cat([p.detach().flatten() for p in run.policy.parameters()])
+    assert (weights[0] - start).abs().max() > 1e-3  # three steps of lr 1e-3 moved them
+    torch.testing.assert_close(weights[0], weights[1], rtol=1e-5, atol=1e-7)

@@ -4,42 +4,107 @@ a time so that the [tokens, vocabulary] logits never exist for the whole batch a
 With vocabularies of 49k-150k entries the full-batch logits (and their log-softmax, and the
 gradient of both) are the learner's largest tensors by far: 4 x 8 sequences of 1,000 tokens
 over 150k entries is 18 GiB in float32. Here each chunk's logits are made, reduced to two
-numbers per token and dropped; under autograd each chunk is recomputed in the backward pass
-(activation checkpointing), so the memory held is one chunk's logits, not the batch's.
+numbers per token and dropped; the backward pass remakes them and writes their gradient by
+its closed form (`_ChunkedHead`), so the memory held between the passes is the inputs and
+two numbers per token, and each chunk's logits are walked a handful of times rather than
+once per op of a generic autograd graph.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 # Logit elements per chunk (2^24 float32 = 64 MiB): 341 tokens at SmolLM2's 49,152 entries.
 CHUNK_ELEMENTS = 2**24
 
 
-def _chunk_logprob_entropy(
-    hidden: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    tokens: Tensor,
-    temperature: float,
-    with_entropy: bool,
-) -> tuple[Tensor, Tensor | None]:
-    logits = hidden @ weight.T
+def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype the head's matmuls run in: autocast's when it is on (as for any linear
+    layer), else the inputs' own."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _scaled_logits(hidden, weight, bias, temperature) -> Tensor:
+    """float32 logits / temperature of one chunk; hidden and weight already in matmul dtype."""
+    logits = (hidden @ weight.T).float()
     if bias is not None:
-        logits = logits + bias
-    logits = logits.float()
+        logits += bias.float()
     if temperature != 1.0:
-        logits = logits / temperature
-    log_normaliser = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, tokens[:, None]).squeeze(-1) - log_normaliser
-    if not with_entropy:
-        return logp, None
-    # H = -sum p log p over this chunk's rows (the same formula as the plain path).
-    log_probs = logits - log_normaliser[:, None]
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logp, entropy
+        logits /= temperature
+    return logits
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """(log p(token), entropy) per row of `hidden`, chunk by chunk, with a hand-written backward.
+
+    With z the logits / T, log p = z - logsumexp(z) and H = -sum p log p, the gradient of a
+    loss L with respect to z_j is  g_logp * (1[j = token] - p_j) - g_H * p_j (log p_j + H),
+    then divided by T. The backward remakes a chunk's logits from the saved inputs and the
+    per-row logsumexp and entropy, and turns that gradient into those of hidden, weight and bias.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, temperature, rows, with_entropy):
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None, no work
+        dtype = _matmul_dtype(hidden, weight)
+        w = weight.to(dtype)
+        logps, normalisers, entropies = [], [], []
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], rows):
+                z = _scaled_logits(hidden[start : start + rows].to(dtype), w, bias, temperature)
+                normaliser = torch.logsumexp(z, dim=-1)
+                logps.append(z.gather(-1, tokens[start : start + rows, None]).squeeze(-1))
+                normalisers.append(normaliser)
+                if with_entropy:
+                    # H = logsumexp(z) - sum softmax(z) * z
+                    expected = (torch.softmax(z, -1) * z).sum(-1)
+                    entropies.append(normaliser - expected)
+        normaliser = torch.cat(normalisers)
+        logp = torch.cat(logps) - normaliser
+        entropy = torch.cat(entropies) if with_entropy else None
+        ctx.save_for_backward(hidden, weight, bias, tokens, normaliser, entropy)
+        ctx.settings = (temperature, rows, dtype)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, tokens, normaliser, entropy = ctx.saved_tensors
+        temperature, rows, dtype = ctx.settings
+        w = weight.to(dtype)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+        if grad_logp is None:
+            grad_logp = torch.zeros_like(normaliser)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], rows):
+                part = slice(start, start + rows)
+                h = hidden[part].to(dtype)
+                log_p = _scaled_logits(h, w, bias, temperature).sub_(normaliser[part, None])
+                g_logp = grad_logp[part, None]
+                if grad_entropy is not None:
+                    # -p * (g_logp + g_H (log p + H)), formed in log_p's memory
+                    factor = log_p.add(entropy[part, None]).mul_(grad_entropy[part, None])
+                    grad_z = factor.add_(g_logp).mul_(log_p.exp_()).neg_()
+                else:
+                    grad_z = log_p.exp_().mul_(g_logp).neg_()
+                grad_z.scatter_add_(-1, tokens[part, None], g_logp)
+                if temperature != 1.0:
+                    grad_z /= temperature
+                if grad_bias is not None:
+                    grad_bias += grad_z.sum(0)
+                grad_z = grad_z.to(dtype)  # cast once; both matmuls read it
+                if grad_hidden is not None:
+                    grad_hidden[part] = grad_z @ w
+                grad_weight.add_(grad_z.T @ h)
+        grad_weight = grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype) if ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
 def chunked_logprob_entropy(
@@ -54,23 +119,11 @@ def chunked_logprob_entropy(
     """(log p(token), entropy) per position, each [N] float32, equal to log_softmax over the
     full logits / temperature, with at most `chunk_elements` logits alive at a time; the
     entropy is None when `with_entropy` is false (the reference and old policies need none)."""
-    size = max(1, chunk_elements // weight.shape[0])
-    keep_graph = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    logps, entropies = [], []
-    for start in range(0, hidden.shape[0], size):
-        args = (hidden[start : start + size], weight, bias, tokens[start : start + size])
-        if keep_graph:
-            logp, entropy = checkpoint(
-                _chunk_logprob_entropy, *args, temperature, with_entropy, use_reentrant=False
-            )
-        else:
-            logp, entropy = _chunk_logprob_entropy(*args, temperature, with_entropy)
-        logps.append(logp)
-        entropies.append(entropy)
-    if not logps:  # no tokens
+    if hidden.shape[0] == 0:  # no tokens
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty if with_entropy else None
-    return torch.cat(logps), torch.cat(entropies) if with_entropy else None
+    rows = max(1, chunk_elements // weight.shape[0])
+    return _ChunkedHead.apply(hidden, weight, bias, tokens, temperature, rows, with_entropy)
 
 
 def plain_logprob_entropy(

@@ -27,7 +27,13 @@ from rlcli.data.problems import PromptStream
 from rlcli.ops.policy_loss import dpo_loss
 from rlcli.rollout.batch import Rollout, rollout_from_tokens
 from rlcli.runtime.lora import adapters_off, dropout_on
-from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
+from rlcli.runtime.models import (
+    adamw,
+    load_causal_lm,
+    load_tokenizer,
+    pick_device,
+    resolve_model_path,
+)
 from rlcli.runtime.seed import seed_everything
 from rlcli.train.checkpoint import (
     apply_optimizer_settings,
@@ -128,7 +134,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
         del reference
         gc.collect()
         policy = load_policy(cfg, model_path, device, checkpoint)
-    optimizer = torch.optim.AdamW(trainable(policy), lr=t.lr, weight_decay=t.weight_decay)
+    optimizer = adamw(trainable(policy), t.lr, t.weight_decay)
     run = DpoRun(
         cfg,
         model_path,

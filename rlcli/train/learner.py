@@ -245,6 +245,7 @@ def learn(
     device = rollout.input_ids.device
     totals: dict[str, float] = {}
     losses, grad_norms, skipped = [], [], 0
+    padded = real = 0  # tokens the passes ran over, and those of them that are not padding
     for mini in torch.arange(n, device=device).tensor_split(plan.mini_batches):
         if len(mini) == 0 and distributed.world_size() == 1:
             continue  # fewer responses than mini-batches; other ranks may still have some
@@ -259,6 +260,7 @@ def learn(
         parts = micro_batches(rollout, mini, plan.micro_batch_size, plan.max_tokens)
         for idx, ids, att, width, mask in parts:
             t = mask.shape[1]
+            padded, real = padded + ids.numel(), real + int(att.sum())
             logp, entropy = token_logprobs(model, ids, att, width, True, obj.temperature)
             old = logp.detach() if batch.old_logp is None else batch.old_logp[idx, :t]
             ref = None if batch.ref_logp is None else batch.ref_logp[idx, :t]
@@ -308,6 +310,7 @@ def learn(
     metrics["loss"] = sum(losses) / len(losses)
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics["nonfinite/skipped_updates"] = float(skipped)
+    metrics["batch/padding_frac"] = 1 - real / max(padded, 1)
     return metrics
 
 

@@ -24,6 +24,7 @@ from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
 from rlcli.runtime import distributed
 from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
 from rlcli.runtime.models import (
+    adamw,
     compute_dtype,
     load_causal_lm,
     load_tokenizer,
@@ -100,7 +101,8 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     test_set = fit_prompts(cfg, tokenizer, test_set, "held-out")
     policy = load_policy(cfg, model_path, device, checkpoint)
     if cfg.model.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        # Non-reentrant: a LoRA model's frozen embeddings would leave reentrant checkpoints no grad.
+        policy.gradient_checkpointing_enable({"use_reentrant": False})
         policy.train()  # transformers only checkpoints in training mode; Llama has no dropout
         dropout_off(policy)  # LoRA's has, for the learner's passes only
     sharded = distributed.world_size() > 1
@@ -119,7 +121,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if algo.advantage == "gae":
         path, new_head = algo.critic_path or model_path, algo.critic_path is None
         critic = make_critic(path, t.dtype, device, new_head, cfg.model.lora, checkpoint)
-        critic_optimizer = torch.optim.AdamW(trainable(critic), lr=algo.critic_lr or t.lr)
+        critic_optimizer = adamw(trainable(critic), algo.critic_lr or t.lr)
     sampler = make_sampler(
         SamplerSetup(
             cfg.sampler,
@@ -132,7 +134,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
             learner if sharded else None,
         )
     )
-    optimizer = torch.optim.AdamW(trainable(learner), lr=t.lr, weight_decay=t.weight_decay)
+    optimizer = adamw(trainable(learner), t.lr, t.weight_decay)
     warmup_updates = t.warmup_steps * t.mini_batches * t.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda i: min(1.0, (i + 1) / (warmup_updates + 1))
