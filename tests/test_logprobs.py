@@ -29,6 +29,21 @@ def test_chunked_equals_plain_values_and_gradients(temperature):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_a_frozen_head_passes_gradients_to_the_hidden_states_only():
+    # LoRA freezes the LM head: its backward skips the weight's gradient, the hidden states'
+    # is unchanged.
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, requires_grad=True)
+    weight = torch.randn(1000, 16)
+    tokens = torch.randint(1000, (37,))
+    logp, entropy = chunked_logprob_entropy(hidden, weight, tokens, chunk_elements=4000)
+    (got,) = torch.autograd.grad((logp - 0.1 * entropy).sum(), hidden)
+    logp, entropy = plain_logprob_entropy(hidden @ weight.T, tokens)
+    (want,) = torch.autograd.grad((logp - 0.1 * entropy).sum(), hidden)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.abs().sum() > 0 and weight.grad is None
+
+
 def test_learner_logprobs_equal_the_models_own_logits(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 

@@ -75,9 +75,12 @@ class _ChunkedHead(torch.autograd.Function):
         hidden, weight, bias, tokens, normaliser, entropy = ctx.saved_tensors
         temperature, rows, dtype = ctx.settings
         w = weight.to(dtype)
+        # A frozen head (LoRA) or frozen hidden states get no gradient and cost no matmul.
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
-        grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+        wants_weight = ctx.needs_input_grad[1]
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if wants_weight else None
+        wants_bias = bias is not None and ctx.needs_input_grad[2]
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if wants_bias else None
         if grad_logp is None:
             grad_logp = torch.zeros_like(normaliser)
         with torch.autocast(hidden.device.type, enabled=False):
@@ -100,10 +103,12 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_z = grad_z.to(dtype)  # cast once; both matmuls read it
                 if grad_hidden is not None:
                     grad_hidden[part] = grad_z @ w
-                grad_weight.add_(grad_z.T @ h)
-        grad_weight = grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None
+                if grad_weight is not None:
+                    grad_weight.add_(grad_z.T @ h)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:
-            grad_bias = grad_bias.to(bias.dtype) if ctx.needs_input_grad[2] else None
+            grad_bias = grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 

@@ -282,7 +282,7 @@ def load_causal_lm(
 
     # On CPU, transformers' eager attention: PyTorch's fused CPU kernel (sdpa) is slower in the
     # backward at the learner's short sequences (SmolLM2, 16 x 96 tokens: a forward and backward
-    # 1.9 s against 2.2, scripts/bench_learner.py). Frozen models take it too, so that a
+    # 3.05 s against 3.55, scripts/bench_learner.py). Frozen models take it too, so that a
     # reference computes exactly what the policy it was copied from does (DPO's first implicit
     # rewards are 0). Its larger activations (the attention weights) are held one layer at a
     # time under gradient checkpointing. GPUs keep sdpa.
@@ -301,7 +301,7 @@ def load_causal_lm(
 def adamw(params, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     """AdamW with its fused kernel (one pass over each parameter, its gradient and its two
     moments) where PyTorch has one for the parameters' device: 5x faster than the multi-tensor
-    kernel for SmolLM2 on CPU (0.09 s vs 0.48 s a step), the same update in float32. FSDP2's
+    kernel for SmolLM2 on CPU (0.09 s vs 0.40 s a step), the same update in float32. FSDP2's
     sharded parameters take the multi-tensor kernel."""
     params = list(params)
     fused = all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") for p in params)
