@@ -4,6 +4,7 @@ bfloat16 autocast as rlcli trains), with and without each of the speed-ups rlcli
 
     .venv/bin/python scripts/bench_learner.py              # median (range) of 5 runs each
     .venv/bin/python scripts/bench_learner.py --repeats 9
+    .venv/bin/python scripts/bench_learner.py --profile    # where rlcli's pass spends its time
 
 - attention: transformers' eager attention against PyTorch's sdpa kernel;
 - gradient checkpointing on and off, and the batch in one pass against four;
@@ -60,6 +61,9 @@ def autograd_head(hidden, weight, tokens, chunk_rows=341):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--profile", action="store_true", help="only PyTorch's profile of rlcli's own pass"
+    )
     args = parser.parse_args()
     path = resolve_model_path(compose([]).model, 0)
     torch.manual_seed(0)
@@ -94,6 +98,13 @@ def main() -> None:
 
         return run
 
+    if args.profile:  # rlcli's defaults: eager attention, checkpointing, one pass
+        run = body_pass(model("eager", True), 1)
+        run()
+        with torch.profiler.profile() as profile:
+            run()
+        print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        return
     print("forward + backward of 16 x 96 tokens, seconds: median (range)")
     for attention in ("eager", "sdpa"):
         for checkpointing in (True, False):
