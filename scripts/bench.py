@@ -49,37 +49,33 @@ SHAPES = {
 }
 
 
+def best_seconds(device: torch.device, fn, repeats: int) -> float:
+    """The fastest of `repeats` calls of `fn` (after one that warms up), waiting for the GPU."""
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_peak(
     device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 20
 ) -> float:
     """Best FLOP/s of an n x n matmul on `device`: the ceiling the learner is compared with."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first call warms up
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    return 2 * n**3 / best_seconds(device, lambda: a @ b, repeats)
 
 
 def read_bandwidth(device: torch.device, gib: float = 0.5, repeats: int = 5) -> float:
     """Best bytes/s of summing a `gib` GiB float32 tensor: how fast the weights can be read."""
     x = torch.ones(int(gib * 2**30) // 4, device=device)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        x.sum()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * 4 / best
+    return x.numel() * 4 / best_seconds(device, x.sum, repeats)
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -142,10 +138,11 @@ def main() -> None:
     step_limit = (flops + rollout_flops) / peak
     # The batch decodes together: its longest response is the number of decode steps, each of
     # which reads all the engine's weights (2 bytes each in bfloat16) at least once.
-    weight_bytes = total * torch.tensor([], dtype=getattr(torch, compute)).element_size()
+    weight_bytes = total * getattr(torch, compute).itemsize
     bandwidth = read_bandwidth(device)
     decode_steps = mean("response/length_max") * mean("batch/gen_batches")
-    rollout_limit = max(rollout_flops / peak, decode_steps * weight_bytes / bandwidth)
+    decode_bound = decode_steps * weight_bytes / bandwidth
+    rollout_limit = max(rollout_flops / peak, decode_bound)
     report = {
         "steps": len(rows),
         "shape": args.shape or "as configured",
@@ -172,7 +169,7 @@ def main() -> None:
         "rollout_tokens_per_s": round(sampled / mean("time/sample"), 1),
         "memory_read_gb_per_s": round(bandwidth / 1e9, 1),
         "rollout_flop_limit_s": round(rollout_flops / peak, 3),
-        "rollout_bandwidth_limit_s": round(decode_steps * weight_bytes / bandwidth, 3),
+        "rollout_bandwidth_limit_s": round(decode_bound, 3),
         "rollout_share_of_limit": round(rollout_limit / mean("time/sample"), 4),
         "sync_share_of_step": round(mean("time/sync") / step, 4),
         "reward_mean": round(mean("reward/mean"), 4),
