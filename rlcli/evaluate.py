@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rlcli.config import Config
 from rlcli.data import load_splits
+from rlcli.env import system_prompt
 from rlcli.train.held_out import EVAL_SEED, evaluate
 
 # Evaluation's seed offset from trainer.seed, far from the training stream's call counts.
@@ -39,7 +40,7 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
         tokenizer,
         test,
         cfg.eval,
-        cfg.data.system_prompt,
+        system_prompt(cfg),
         t.seed + EVAL_SEED,
         progress=cfg.logger.progress,
     )
@@ -57,6 +58,8 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
     }
     (run_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     passes = ", ".join(f"{k} {v:.3f}" for k, v in results.items() if k.startswith("pass@"))
-    print(f"rlcli: accuracy {results['accuracy']:.3f} (greedy); {passes}")
+    rate = results.get("tool_call_rate")
+    calls = "" if rate is None else f"; tool calls in {rate:.3f}"
+    print(f"rlcli: accuracy {results['accuracy']:.3f} (greedy{calls}); {passes}")
     print(f"rlcli: wrote {run_dir / 'eval.json'}")
     return report

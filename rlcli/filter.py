@@ -19,6 +19,7 @@ from tqdm import tqdm
 from rlcli.config import Config
 from rlcli.data import load_splits
 from rlcli.data.problems import Problem, write_records
+from rlcli.env import system_prompt
 from rlcli.rewards.sampling import frozen_sampling, scored_chunks
 from rlcli.runtime.seed import seed_everything
 
@@ -55,7 +56,7 @@ def filter_dataset(cfg: Config, run_dir: Path) -> dict:
     counts = {"always": 0, "never": 0, "mixed": 0}
     bar = tqdm(total=len(problems), desc="filter", unit="prompt", disable=not cfg.logger.progress)
     chunks = scored_chunks(
-        sampler, scorer, tokenizer, problems, f.k, cfg.data.system_prompt, f.prompts_per_batch
+        sampler, scorer, tokenizer, problems, f.k, system_prompt(cfg), f.prompts_per_batch
     )
     for chunk, _, scores in chunks:
         for problem, verdict in zip(

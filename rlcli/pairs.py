@@ -16,6 +16,7 @@ from tqdm import tqdm
 from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
 from rlcli.data.problems import write_jsonl
+from rlcli.env import system_prompt
 from rlcli.rewards.sampling import frozen_sampling, scored_chunks
 from rlcli.runtime.seed import seed_everything
 
@@ -39,6 +40,11 @@ def best_vs_worst(scores: torch.Tensor, min_margin: float = 0.0) -> list[tuple[i
 def make_pairs(cfg: Config, run_dir: Path) -> dict:
     """`rlcli pairs`: write best-vs-worst pairs of the training prompts; return the report."""
     p, t = cfg.pairs, cfg.trainer
+    if cfg.env.name != "none":
+        raise ConfigError(
+            f"rlcli pairs writes single replies; env={cfg.env.name}'s episodes hold tool turns "
+            "that a preference pair cannot carry: run it with env=none."
+        )
     seed_everything(t.seed)
     problems, _ = load_splits(cfg.data)
     scorer, model_path, tokenizer, sampler = frozen_sampling(cfg, problems)
@@ -48,7 +54,7 @@ def make_pairs(cfg: Config, run_dir: Path) -> dict:
     rows: list[dict] = []
     bar = tqdm(total=len(problems), desc="pairs", unit="prompt", disable=not cfg.logger.progress)
     chunks = scored_chunks(
-        sampler, scorer, tokenizer, problems, p.k, cfg.data.system_prompt, p.prompts_per_batch
+        sampler, scorer, tokenizer, problems, p.k, system_prompt(cfg), p.prompts_per_batch
     )
     for chunk, batch, scores in chunks:
         grouped = scores.total.view(len(chunk), p.k)

@@ -32,6 +32,8 @@ from rlcli.config import Config, ConfigError
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 # Recipes under this folder are CPU twins: a paper's algorithm shrunk to SmolLM2 on CPU.
 CPU_FOLDER = "cpu"
+# Recipes under this folder are rlcli's own setups (no paper), each showing a feature on CPU.
+DEMO_FOLDER = "demo"
 
 USAGE = """usage: rlcli recipes [NAME]
 
@@ -53,6 +55,14 @@ class Recipe:
     def cpu_twin(self) -> bool:
         return self.name.startswith(f"{CPU_FOLDER}/")
 
+    @property
+    def demo(self) -> bool:
+        return self.name.startswith(f"{DEMO_FOLDER}/")
+
+    @property
+    def kind(self) -> int:  # the listing's order: paper setups, CPU twins, demos
+        return 2 if self.demo else int(self.cpu_twin)
+
 
 def read_recipe(path: Path, root: Path = RECIPES_DIR) -> Recipe:
     """The recipe at `path`; its command and description come from its leading comments."""
@@ -71,9 +81,9 @@ def read_recipe(path: Path, root: Path = RECIPES_DIR) -> Recipe:
 
 
 def find_recipes(root: Path = RECIPES_DIR) -> list[Recipe]:
-    """Every recipe under `root` (subfolders too): paper setups first, then CPU twins."""
+    """Every recipe under `root` (subfolders too): paper setups, CPU twins, then demos."""
     recipes = [read_recipe(path, root) for path in root.rglob("*.yaml")]
-    return sorted(recipes, key=lambda r: (r.cpu_twin, r.name))
+    return sorted(recipes, key=lambda r: (r.kind, r.name))
 
 
 def register_recipes(root: Path = RECIPES_DIR) -> list[Recipe]:
@@ -123,14 +133,17 @@ def compose(overrides: Sequence[str] = ()) -> Config:
 
 
 def listing(recipes: Sequence[Recipe]) -> str:
-    """One line per recipe (its name and description), paper setups first, then CPU twins."""
+    """One line per recipe (its name and description): paper setups, CPU twins, demos."""
     width = max(len(r.name) for r in recipes) + 2
-    papers = [r for r in recipes if not r.cpu_twin]
-    twins = [r for r in recipes if r.cpu_twin]
-    lines = ["Paper setups (rlcli train recipe=NAME; rlcli recipes NAME shows one):"]
-    lines += [f"  {r.name:<{width}}{r.description}" for r in papers]
-    lines += ["CPU twins (the same algorithm on SmolLM2-135M, minutes on 2 CPU cores):"]
-    lines += [f"  {r.name:<{width}}{r.description}" for r in twins]
+    titles = [
+        "Paper setups (rlcli train recipe=NAME; rlcli recipes NAME shows one):",
+        "CPU twins (the same algorithm on SmolLM2-135M, minutes on 2 CPU cores):",
+        "Demos (rlcli's own setups, no paper: a feature on SmolLM2-135M, on CPU):",
+    ]
+    lines = []
+    for kind, title in enumerate(titles):
+        chosen = [r for r in recipes if r.kind == kind]
+        lines += [title, *(f"  {r.name:<{width}}{r.description}" for r in chosen)] if chosen else []
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ MAX_LINES = 400
 LAYERS: list[tuple[str, list[str]]] = [
     ("schema and math", ["rlcli.config.schema", "rlcli.config", "rlcli.ops"]),
     ("runtime", ["rlcli.runtime"]),
+    ("env", ["rlcli.env"]),
     ("data", ["rlcli.data"]),
     ("rollout", ["rlcli.rollout"]),
     ("rewards", ["rlcli.rewards"]),

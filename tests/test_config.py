@@ -36,7 +36,7 @@ def test_defaults_live_in_the_yaml_alone():
             bases += 1
             values = safe_load(base.read_text())
             assert set(values) == {f.name for f in dataclasses.fields(schema)}, base
-    assert bases == 6  # algo, reward, sampler, model, data, logger; the rest: config.yaml
+    assert bases == 7  # algo, reward, sampler, model, env, data, logger; the rest: config.yaml
 
 
 @pytest.mark.parametrize(("group", "choice"), list(group_choices()))
@@ -50,6 +50,8 @@ def test_every_group_choice_composes_and_validates(group, choice):
         ("reward", "process"): ["reward.model_path=some/prm", "algo.advantage=grpo_process"],
         ("algo", "dpo"): ["data=pairs", "data.path=pairs.jsonl"],
         ("data", "pairs"): ["algo=dpo", "data.path=pairs.jsonl"],
+        # The corpus is read when the tool starts, so it must exist: the shipped one.
+        ("env", "search"): [f"env.corpus={CONF_DIR.parent / 'recipes/data/search_corpus.jsonl'}"],
     }
     extra = needs.get((group, choice), [])
     cfg = compose([f"{group}={choice}", *extra])

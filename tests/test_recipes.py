@@ -28,8 +28,9 @@ from rlcli.train.run import setup
 from rlcli.train.step import train_step
 
 RECIPES = find_recipes()
-PAPERS = [r for r in RECIPES if not r.cpu_twin]
+PAPERS = [r for r in RECIPES if r.kind == 0]
 TWINS = [r for r in RECIPES if r.cpu_twin]
+DEMOS = [r for r in RECIPES if r.demo]
 # The algorithm a twin must keep from its paper recipe: everything that shapes the objective.
 SHAPING = (
     "advantage", "ratio", "clip", "eps_low", "eps_high", "dual_clip", "kl", "beta", "kl_in",
@@ -85,7 +86,7 @@ def test_recipe_header_gives_command_description_paper_and_hardware(recipe):
     assert recipe.description and len(recipe.description) <= 72  # one listing line
     header = recipe.path.read_text().split("\ndefaults:")[0]
     assert "Hardware:" in header
-    if not recipe.cpu_twin:
+    if recipe in PAPERS:
         assert "Paper:" in header and "Reported:" in header
         assert f"recipe=cpu/{recipe.name}" in header  # points at its twin
     if "dupo" in recipe.name:
@@ -118,12 +119,15 @@ def test_cpu_twin_keeps_its_papers_algorithm_and_reward(twin):
         assert cfg.reward.weights == paper.reward.weights
     # ...and shrinks what a 2-core CPU cannot afford.
     assert (cfg.model.name, cfg.trainer.dtype) == ("smollm2_135m", "float32")
-    assert cfg.data.name in ("arith", "countdown")
+    # Generated problems, or (an agent with tools) a shipped question file.
+    assert cfg.data.name in ("arith", "countdown") or (
+        cfg.env.name != "none" and cfg.data.path.startswith(str(RECIPES_DIR))
+    )
     assert cfg.trainer.prompts_per_step * cfg.trainer.group_size <= 16
     assert cfg.sampler.max_new_tokens <= 64
 
 
-@pytest.mark.parametrize("twin", TWINS, ids=names(TWINS))
+@pytest.mark.parametrize("twin", TWINS + DEMOS, ids=names(TWINS + DEMOS))
 def test_cpu_twin_trains_one_step_with_finite_metrics(twin):
     run = setup(compose([f"recipe={twin.name}"]))
     metrics = train_step(run)
@@ -138,15 +142,15 @@ def test_cpu_twin_trains_one_step_with_finite_metrics(twin):
 
 
 def test_dupo_twin_prefilter_writes_data_its_train_command_loads(tmp_path):
-    out = tmp_path / "arith_unsolved.jsonl"
-    cfg = compose(["recipe=cpu/dupo_websailor", "data.num_train=4", f"filter.out={out}"])
-    report = filter_dataset(cfg, tmp_path)
+    out = tmp_path / "search_unsolved.jsonl"
+    cfg = compose(["recipe=cpu/dupo_websailor", "data.limit=3", f"filter.out={out}"])
+    report = filter_dataset(cfg, tmp_path)  # 3 questions x 8 episodes with the search tool
     assert out.exists() and report
     # The train command in the twin's header, with the file just written.
-    train_command = ["data=jsonl", f"data.path={out}", "data.instruction=", "data.num_test=0"]
-    cfg = compose(["recipe=cpu/dupo_websailor", *train_command])
+    cfg = compose(["recipe=cpu/dupo_websailor", f"data.path={out}", "data.num_test=0"])
     train, _ = load_splits(cfg.data)
-    assert train and all(p.question.count("<answer>") == 1 for p in train)
+    kept = {p.question for p in train}
+    assert kept and len(kept) <= 3 and all(q.count("<tool>search</tool>") == 1 for q in kept)
 
 
 def test_user_overrides_beat_the_recipe():

@@ -110,6 +110,20 @@ class SamplerConfig:
 
 
 @dataclass
+class EnvConfig:
+    name: str = MISSING
+    tools: list[str] = MISSING
+    max_turns: int = MISSING
+    max_tokens: int = MISSING
+    instructions: str = MISSING
+    tool_timeout_s: float = MISSING
+    tool_output_chars: int = MISSING
+    python_memory_mb: int = MISSING
+    corpus: str | None = MISSING
+    search_top_k: int = MISSING
+
+
+@dataclass
 class LoraConfig:
     rank: int = MISSING
     alpha: float = MISSING
@@ -230,6 +244,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

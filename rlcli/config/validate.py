@@ -346,6 +346,9 @@ def validate(raw: DictConfig) -> Config:
             raise ConfigError(f"{key}={value!r} is not one of the valid choices: {valid}.")
     _check_finite(cfg)
     _check_ranges(cfg)
+    from rlcli.env.tools import check_env
+
+    check_env(cfg)
     if cfg.sampler.async_rollout:
         # A batch one update old: the sampler, not the learner, is its behaviour policy.
         cfg.sampler.old_logp = "sampler"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlcli.config import Config, ConfigError
+from rlcli.env import system_prompt
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ def fit_prompts(cfg: Config, tokenizer, problems: list[Problem], split: str) -> 
     """`problems` whose rendered prompt fits sampler.max_prompt_tokens; a longer one is an
     error unless sampler.long_prompts=drop, which drops it with a count."""
     s = cfg.sampler
-    rendered = [render_prompt(tokenizer, p.question, cfg.data.system_prompt) for p in problems]
+    system = system_prompt(cfg)
+    rendered = [render_prompt(tokenizer, p.question, system) for p in problems]
     lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False).input_ids]
     too_long = [i for i, n in enumerate(lengths) if n > s.max_prompt_tokens]
     if not too_long:

@@ -84,10 +84,29 @@ def gae(
 
     ``delta_t = r_t + gamma * V_{t+1} - V_t``, ``A_t = delta_t + gamma * lam * A_{t+1}``,
     returns ``= A + V``. Rows are right-padded (mask ones then zeros); the value after
-    the last response token is 0 (the episode ends there). Computed without gradient.
-    token_rewards, values, mask: ``[B, T]`` -> (advantages ``[B, T]``, returns ``[B, T]``),
-    both 0 where mask is 0.
+    the last response token is 0 (the episode ends there). Zeros inside a row (tool turns of
+    a multi-turn episode) are skipped: the model's tokens on either side are consecutive
+    steps, since a tool turn is the environment's move, not the policy's. Computed without
+    gradient. token_rewards, values, mask: ``[B, T]`` -> (advantages ``[B, T]``, returns
+    ``[B, T]``), both 0 where mask is 0.
     """
+    # The model's tokens moved to the front of each row, in order (identity for right-padded
+    # rows), and the results put back where they came from.
+    order = torch.argsort((mask == 0).to(torch.int8), dim=-1, stable=True)
+    advantages, returns = _gae_packed(
+        token_rewards.gather(-1, order),
+        values.gather(-1, order),
+        mask.gather(-1, order),
+        gamma,
+        lam,
+    )
+    unpack = torch.zeros_like(advantages)
+    return unpack.scatter(-1, order, advantages), unpack.scatter(-1, order, returns)
+
+
+def _gae_packed(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
     mask = mask.to(values.dtype)
     rewards = token_rewards * mask
     values = values * mask  # zero past the end, so V_{T+1} = 0 needs no special case

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from rlcli.config import Config
 from rlcli.data.problems import Problem, fit_prompts, render_prompt
+from rlcli.env import response_budget
 from rlcli.rewards.models import step_reward_tensors
 from rlcli.rewards.scorer import Sample, Scorer, Scores, check_reward_fields
 from rlcli.rollout.batch import Rollout
@@ -93,12 +94,14 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     t = cfg.trainer
     device = pick_device(t.device)
     check_reward_fields(cfg, problems)
-    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
+    scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
     fit_prompts(cfg, tokenizer, problems, "")  # an error if any is too long
     policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
     # In trainer.dtype: what is measured (eval) or kept (filter, pairs) should not depend on
     # whether the machine has fast bfloat16.
-    setup = SamplerSetup(cfg.sampler, model_path, tokenizer, policy, device, t.dtype, t.seed)
+    setup = SamplerSetup(
+        cfg.sampler, model_path, tokenizer, policy, device, t.dtype, t.seed, env=cfg.env
+    )
     return scorer, model_path, tokenizer, make_sampler(setup)

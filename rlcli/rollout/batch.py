@@ -34,6 +34,9 @@ class Rollout:
     # [B, T] process rewards: a step's score at the token where the step ends, NaN elsewhere;
     # None unless reward=process
     step_rewards: Tensor | None = None
+    # [B] tool calls each episode made (env=...); None for single-turn sampling. With tools,
+    # response_mask is 0 on the tool turns inside a response (attention_mask is 1 there).
+    tool_calls: Tensor | None = None
 
     @property
     def finish_reasons(self) -> list[str]:  # why each response ended, in vLLM's words
@@ -58,8 +61,11 @@ def rollout_from_tokens(
     answers: list[str] | None = None,
     truncated: list[bool] | None = None,
     sampler_logp: list[list[float]] | None = None,
+    own_masks: list[list[int]] | None = None,
+    tool_calls: list[int] | None = None,
 ) -> Rollout:
-    """Token lists laid out as a Rollout: prompts left-padded, responses right-padded."""
+    """Token lists laid out as a Rollout: prompts left-padded, responses right-padded.
+    `own_masks` (multi-turn episodes): 1 on the model's tokens, 0 on tool turns."""
     width = max(len(p) for p in prompts)
     span = max(max(len(r) for r in responses), 1)
     n = len(responses)
@@ -72,16 +78,20 @@ def rollout_from_tokens(
         attention_mask[row, width - len(prompt) : width + len(response)] = 1
         if sampler_logp is not None:
             logp[row, : len(response)] = torch.tensor(sampler_logp[row])
+    response_mask = attention_mask[:, width:].clone()
+    for row, own in enumerate(own_masks or []):
+        response_mask[row, : len(own)] = torch.tensor(own, dtype=torch.long)
     return Rollout(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
-        response_mask=attention_mask[:, width:].to(device),
+        response_mask=response_mask.to(device),
         prompt_width=width,
         texts=texts,
         truncated=torch.tensor(truncated if truncated is not None else [False] * n),
         prompt_ids=prompt_ids,
         answers=answers if answers is not None else [""] * n,
         sampler_logp=None if sampler_logp is None else logp.to(device),
+        tool_calls=None if tool_calls is None else torch.tensor(tool_calls),
     )
 
 
@@ -145,6 +155,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         step_rewards=None
         if parts[0].step_rewards is None
         else torch.cat([_pad_to(r.step_rewards, t, math.nan, left=False) for r in parts]),
+        tool_calls=None
+        if parts[0].tool_calls is None
+        else torch.cat([r.tool_calls for r in parts]),
     )
 
 
@@ -163,6 +176,7 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
         answers=[batch.answers[i] for i in rows],
         sampler_logp=None if batch.sampler_logp is None else batch.sampler_logp[dev],
         step_rewards=None if batch.step_rewards is None else batch.step_rewards[dev],
+        tool_calls=None if batch.tool_calls is None else batch.tool_calls[index],
     )
 
 

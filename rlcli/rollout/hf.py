@@ -6,11 +6,16 @@ import contextlib
 
 import torch
 
+from rlcli.env.episode import Turn
 from rlcli.rollout.batch import Rollout, eos_token_ids, response_mask_from
 
 
 class HFSampler:
     """Samples with `model.generate` on the learner's own weights, so it never needs a sync."""
+
+    @property
+    def device(self):
+        return self.model.device
 
     def sync(self, policy) -> None:
         """Nothing to push: generate() runs on the policy being trained."""
@@ -40,6 +45,68 @@ class HFSampler:
         self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
         self.eos_ids = eos_token_ids(tokenizer, model)
 
+    def _sampling(self, temperature: float | None, top_p: float | None) -> dict:
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        if temperature == 0:
+            return {"do_sample": False}
+        return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int | None = None):
+        """Draws from the global generator, or from `seed` leaving it as it was."""
+        devices = [self.model.device.index or 0] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            yield
+
+    @torch.no_grad()
+    def turns(
+        self,
+        contexts: list[list[int]],
+        budgets: list[int],
+        stop: list[str],
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> list[Turn]:
+        """One reply per token context (left-padded together), each cut at its budget, its
+        first EOS or the end of its first `stop` string (an episode's next turn)."""
+        pad, width = self.tokenizer.pad_token_id, max(len(c) for c in contexts)
+        ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+        with self.gather():
+            out = self.model.generate(
+                input_ids=ids.to(self.model.device),
+                attention_mask=mask.to(self.model.device),
+                **self._sampling(temperature, top_p),
+                max_new_tokens=max(budgets),
+                pad_token_id=pad,
+                eos_token_id=sorted(self.eos_ids),
+                stop_strings=stop,
+                tokenizer=self.tokenizer,
+            )
+        rows = out[:, width:].tolist()
+        return [self._cut(row, b, stop) for row, b in zip(rows, budgets, strict=True)]
+
+    def _cut(self, row: list[int], budget: int, stop: list[str]) -> Turn:
+        """The turn in a generated row: up to its first EOS, or the shortest prefix whose text
+        holds a stop string (found by bisection: holding one only grows with the prefix)."""
+        eos = next((i + 1 for i, t in enumerate(row) if t in self.eos_ids), None)
+        row = row[: min(eos or budget, budget)]
+
+        def holds(n: int) -> bool:
+            text = self.tokenizer.decode(row[:n])
+            return any(s in text for s in stop)
+
+        if holds(len(row)):
+            low, high = 1, len(row)
+            while low < high:
+                mid = (low + high) // 2
+                low, high = (low, mid) if holds(mid) else (mid + 1, high)
+            return Turn(row[:low], None, "call")
+        return Turn(row, None, "eos" if eos is not None and eos <= budget else "length")
+
     @torch.no_grad()
     def sample(
         self,
@@ -62,16 +129,10 @@ class HFSampler:
             padding_side="left",
         )
         enc = enc.to(self.model.device)
-        temperature = self.temperature if temperature is None else temperature
-        top_p = self.top_p if top_p is None else top_p
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-        devices = [self.model.device.index or 0] if self.model.device.type == "cuda" else []
-        with self.gather(), torch.random.fork_rng(devices=devices, enabled=seed is not None):
-            if seed is not None:
-                torch.manual_seed(seed)
+        with self.gather(), self.seeded(seed):
             out = self.model.generate(
                 **enc,
-                **(sampling if temperature > 0 else {"do_sample": False}),
+                **self._sampling(temperature, top_p),
                 max_new_tokens=self.max_new_tokens,
                 num_return_sequences=group_size,
                 pad_token_id=self.tokenizer.pad_token_id,

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from rlcli.config import SamplerConfig
+from rlcli.config import EnvConfig, SamplerConfig
 from rlcli.rollout.batch import Rollout, eos_token_ids
 from rlcli.runtime import distributed
 
@@ -60,6 +60,8 @@ class SamplerSetup:
     # The policy's sharded root under torchrun, whose weights transformers' sampling must
     # gather first; None in one process.
     learner: torch.nn.Module | None = None
+    # Multi-turn episodes with tools (env.name != none): the sampler runs them.
+    env: EnvConfig | None = None
 
 
 def hf_sampler(setup: SamplerSetup) -> Sampler:
@@ -102,5 +104,11 @@ SAMPLERS: dict[str, Callable[[SamplerSetup], Sampler]] = {"hf": hf_sampler, "vll
 
 
 def make_sampler(setup: SamplerSetup) -> Sampler:
-    """The sampler `sampler.name` names, holding the policy's current weights."""
-    return SAMPLERS[setup.cfg.name](setup)
+    """The sampler `sampler.name` names, holding the policy's current weights; with tools
+    (`env`), one that runs multi-turn episodes on it."""
+    sampler = SAMPLERS[setup.cfg.name](setup)
+    if setup.env is None or setup.env.name == "none":
+        return sampler
+    from rlcli.rollout.multiturn import EpisodeSampler
+
+    return EpisodeSampler(sampler, setup.tokenizer, setup.env, setup.cfg)

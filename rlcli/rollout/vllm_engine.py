@@ -13,12 +13,14 @@ pushes its own initial weights into it before sampling anyway.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
 import torch
 
 from rlcli.config import SamplerConfig
+from rlcli.env.episode import Turn
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
 from rlcli.runtime.lora import sampler_weights
 
@@ -192,30 +194,66 @@ class VLLMSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        self._wake()
         c = self.cfg
         encoded = encode_prompts(self.tokenizer, prompts, c)
         settings = sampling_settings(c, group_size, self.eos_ids, temperature, top_p)
         params = SamplingParams(**settings)
-        # Seeding: requests carry no seed of their own (vLLM's per-request generators fail on
-        # CPU when a prefill is split across engine steps); the in-process engine draws from
-        # torch's global generator, seeded here per call and restored afterwards.
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.seed * 1_000_003 + self.calls if seed is None else seed)
+        with self.seeded(seed):
             outputs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=ids) for ids in encoded], params, use_tqdm=False
             )
-        self.calls += seed is None
-        if self.device.type == "cuda":
-            self.llm.sleep(level=1)  # give the learner the GPU memory of KV cache and weights
-            self.asleep = True
         prompt_tokens, completions = [], []
         for ids, out in zip(encoded, outputs, strict=True):
             for completion in out.outputs:
                 prompt_tokens.append(ids)
                 completions.append(completion)
         return self._rollout(prompt_tokens, completions, group_size, prompt_ids, answers)
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int | None = None):
+        """A sampling call's randomness: the training stream's next (`seed` None) or `seed`'s.
+
+        Requests carry no seed of their own (vLLM's per-request generators fail on CPU when a
+        prefill is split across engine steps); the in-process engine draws from torch's global
+        generator, seeded here per call and restored afterwards."""
+        self._wake()
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed * 1_000_003 + self.calls if seed is None else seed)
+            yield
+        self.calls += seed is None
+        if self.device.type == "cuda":
+            self.llm.sleep(level=1)  # give the learner the GPU memory of KV cache and weights
+            self.asleep = True
+
+    def turns(
+        self,
+        contexts: list[list[int]],
+        budgets: list[int],
+        stop: list[str],
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> list[Turn]:
+        """One reply per token context, each held to its budget, stopping at EOS or a `stop`
+        string (a multi-turn episode's next turn; inside `seeded`)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        settings = sampling_settings(self.cfg, 1, self.eos_ids, temperature, top_p)
+        settings["stop"] = [*self.cfg.stop, *stop]
+        params = [SamplingParams(**{**settings, "max_tokens": b}) for b in budgets]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in contexts], params, use_tqdm=False
+        )
+        turns = []
+        for out in outputs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            end = "length" if c.finish_reason == "length" else "eos"
+            end = "call" if c.stop_reason in stop else end
+            logprobs = [step[t].logprob for step, t in zip(c.logprobs, ids, strict=True)]
+            turns.append(Turn(ids, logprobs, end))
+        return turns
 
     def _rollout(self, prompt_tokens, completions, group_size, prompt_ids, answers) -> Rollout:
         """Lay the engine's outputs out as a Rollout (left-padded prompts, right-padded replies)."""

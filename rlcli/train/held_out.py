@@ -5,7 +5,8 @@
 - pass@k: `eval.k` replies per problem at `eval.temperature` and `eval.top_p`, scored the
   same way, and the unbiased estimator of Chen et al. 2021 (Codex, eq. 1): with c correct of
   n samples, pass@k = 1 - C(n-c, k) / C(n, k), averaged over problems, for k = 1, 2, 4, ...
-  up to n.
+  up to n;
+- tool_call_rate (env=...): the share of greedy episodes that called a tool.
 
 Evaluation draws from its own seed, so evaluating during training leaves the training
 samples as they would have been without it.
@@ -73,15 +74,19 @@ def evaluate(
         ),
         strict=True,
     )
-    greedy, sampled = [], []
+    greedy, sampled, calling = [], [], []
     bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=not progress)
-    for (chunk, _, greedy_scores), (_, _, sampled_scores) in chunks:
+    for (chunk, rollout, greedy_scores), (_, _, sampled_scores) in chunks:
         greedy.append(greedy_scores.total > cfg.correct_above)
+        if rollout.tool_calls is not None:  # env=...: did the greedy episode call a tool?
+            calling.append(rollout.tool_calls > 0)
         sampled.append((sampled_scores.total > cfg.correct_above).view(len(chunk), cfg.k))
         bar.update(len(chunk))
         bar.set_postfix(accuracy=f"{torch.cat(greedy).float().mean():.3f}")
     bar.close()
+    calls = {"tool_call_rate": torch.cat(calling).float().mean().item()} if calling else {}
     return {
         "accuracy": torch.cat(greedy).float().mean().item(),
+        **calls,
         **pass_at_ks(torch.cat(sampled)),
     }

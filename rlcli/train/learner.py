@@ -170,6 +170,13 @@ def plan_micro_batches(
     return plan
 
 
+def response_spans(response_mask: Tensor) -> Tensor:
+    """Columns up to each row's last trained token: its length, and with tools the tool turns
+    inside it too (context the learner must read, though it does not train on them).  # [B]"""
+    positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return (response_mask.long() * positions).amax(-1)
+
+
 def micro_batches(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0):
     """Yield (rows, input_ids, attention_mask, prompt_width, response_mask) trimmed of padding,
     `rows` split by `plan_micro_batches`.
@@ -179,7 +186,7 @@ def micro_batches(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0):
     an all-zero response mask, which add nothing to the loss or the diagnostics.
     """
     prompt_lengths = batch.attention_mask[rows, : batch.prompt_width].sum(-1).tolist()
-    response_lengths = batch.response_mask[rows].sum(-1).tolist()
+    response_lengths = response_spans(batch.response_mask[rows]).tolist()
     plan = plan_micro_batches(prompt_lengths, response_lengths, size, max_tokens)
     parts = [(rows[positions], True) for positions in plan]
     spare = rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
@@ -189,7 +196,7 @@ def micro_batches(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0):
         mask = batch.response_mask[idx] if counts else torch.zeros_like(batch.response_mask[idx])
         # Drop columns that are padding in every row of this micro-batch.
         left = int((att[:, : batch.prompt_width].sum(0) == 0).long().cumprod(0).sum())
-        width = max(int(batch.response_mask[idx].sum(-1).max()), 1)
+        width = max(int(response_spans(batch.response_mask[idx]).max()), 1)
         end = batch.prompt_width + width
         yield (
             idx,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.config import Config
+from rlcli.env import system_prompt
 from rlcli.rollout.servers import WorkerLost
 from rlcli.runtime import distributed
 from rlcli.tracking.trackers import NoTracker, Tracker
@@ -61,7 +62,7 @@ def rl_held_out(run: rl.Run) -> dict[str, float]:
         run.tokenizer,
         run.test_problems,
         cfg.eval,
-        cfg.data.system_prompt,
+        system_prompt(cfg),
         t.seed + EVAL_SEED,
     )
 

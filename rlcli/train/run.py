@@ -17,6 +17,7 @@ from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
 from rlcli.data.problems import Problem, PromptStream, fit_prompts
 from rlcli.data.records import read_texts
+from rlcli.env import response_budget
 from rlcli.ops.advantages import SasTracker
 from rlcli.ops.objective import Objective
 from rlcli.rewards.scorer import Scorer, check_reward_fields
@@ -94,7 +95,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
             f"{cfg.data.name} has none: set data.num_test (or data.test_path)."
         )
     ptx_texts = read_texts(algo.ptx_path) if algo.ptx_coef > 0 else []
-    scorer = Scorer(cfg.reward, cfg.sampler.max_new_tokens, device, t.dtype)
+    scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
     train_set = fit_prompts(cfg, tokenizer, train_set, "training")
@@ -132,6 +133,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
             compute,
             t.seed,
             learner if sharded else None,
+            cfg.env,
         )
     )
     optimizer = adamw(trainable(learner), t.lr, t.weight_decay)
@@ -153,7 +155,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         sampler=sampler,
         scorer=RecordingScorer(scorer),
         objective=objective_from_config(
-            algo, cfg.sampler, norm_len=algo.norm_len or cfg.sampler.max_new_tokens
+            algo, cfg.sampler, norm_len=algo.norm_len or response_budget(cfg)
         ),
         optimizer=optimizer,
         scheduler=scheduler,

@@ -17,6 +17,7 @@ import torch
 
 from rlcli.config import ConfigError
 from rlcli.data.problems import render_prompt
+from rlcli.env import system_prompt
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
 from rlcli.rewards.sampling import sample_and_score
 from rlcli.rewards.scorer import Scores, nanmean
@@ -76,7 +77,7 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
         problems = run.next_problems or run.prompts.take(P * world)[distributed.rank() :: world]
         run.next_problems = None
         batch, round_scores = sample_and_score(
-            run.sampler, timed_scorer, run.tokenizer, problems, G, run.cfg.data.system_prompt
+            run.sampler, timed_scorer, run.tokenizer, problems, G, system_prompt(run.cfg)
         )
         rounds.append(round_scores)
         scores = round_scores.total
@@ -140,9 +141,7 @@ def prefetch_next(run: Run) -> None:
     t, world = run.cfg.trainer, distributed.world_size()
     problems = run.prompts.take(t.prompts_per_step)[distributed.rank() :: world]
     run.next_problems = problems
-    prompts = [
-        render_prompt(run.tokenizer, p.question, run.cfg.data.system_prompt) for p in problems
-    ]
+    prompts = [render_prompt(run.tokenizer, p.question, system_prompt(run.cfg)) for p in problems]
     ids, answers = [p.id for p in problems], [p.answer for p in problems]
     run.sampler.prefetch(prompts, t.group_size, ids, answers)
 

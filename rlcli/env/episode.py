@@ -1,0 +1,114 @@
+"""Multi-turn episodes: the model writes, a call in its text is run, the tool's output is
+appended as a tool turn, the model goes on; every episode of a batch advances together.
+
+`run_episodes` holds the rules and no engine: it is handed `generate` (continue a list of token
+contexts, each with its own token budget, stopping at EOS or `calls.CALL_END`), `tool_tokens`
+(a tool's output as the tokens of a tool turn), `decode` and the `Toolbox`. Each episode keeps
+its tokens after the prompt and a mask that is 1 on the model's own tokens only: tool turns are
+context for the model, never trained on (`Rollout.response_mask`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rlcli.env.calls import ToolResult
+from rlcli.env.tools import Toolbox
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one generation call returned for one episode."""
+
+    tokens: list[int]
+    logprobs: list[float] | None  # the sampler's, per token (None: the sampler has none)
+    end: str  # "eos" (the model finished), "call" (it stopped at CALL_END), "length"
+
+
+@dataclass
+class Episode:
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)  # after the prompt: model and tool turns
+    mask: list[int] = field(default_factory=list)  # 1 on the model's tokens, 0 on tool turns
+    logprobs: list[float] = field(default_factory=list)  # the sampler's; 0 on tool turns
+    said: list[str] = field(default_factory=list)  # the model's turns, as text
+    turns: int = 0
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    done: bool = False
+    truncated: bool = False  # cut by a token or turn limit, not finished by the model
+
+    @property
+    def text(self) -> str:
+        """What the model wrote: its turns (calls included) without the tools' outputs."""
+        return "".join(self.said)
+
+    def add(self, tokens: list[int], own: bool, logprobs: list[float] | None = None) -> None:
+        self.tokens += tokens
+        self.mask += [int(own)] * len(tokens)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
+
+
+def run_episodes(
+    prompts: list[list[int]],
+    generate: Callable[[list[list[int]], list[int]], list[Turn]],
+    toolbox: Toolbox,
+    tool_tokens: Callable[[str], list[int]],
+    decode: Callable[[list[int]], str],
+    max_turns: int,
+    max_tokens: int,
+    turn_tokens: int,
+) -> list[Episode]:
+    """One episode per prompt (token ids), run to the end: until the model finishes without a
+    call, or a turn hits its budget (`turn_tokens`, and what is left of `max_tokens`), or
+    `max_turns` model turns are used, or a tool turn would leave no room for a reply."""
+    episodes = [Episode(p) for p in prompts]
+    for turn in range(max_turns):
+        active = [e for e in episodes if not e.done]
+        if not active:
+            break
+        budgets = [min(turn_tokens, max_tokens - len(e.tokens)) for e in active]
+        outs = generate([e.prompt + e.tokens for e in active], budgets)
+        calling = []
+        for e, out in zip(active, outs, strict=True):
+            e.add(out.tokens, True, out.logprobs)
+            e.said.append(decode(out.tokens))
+            e.turns += 1
+            if out.end != "call":
+                e.done, e.truncated = True, out.end == "length"
+            elif turn == max_turns - 1 or len(e.tokens) >= max_tokens:
+                # No turn (or no token) left to read the result in: the call is not run.
+                e.done = e.truncated = True
+            else:
+                calling.append(e)
+        results = toolbox.run([e.said[-1] for e in calling])
+        for e, result in zip(calling, results, strict=True):
+            _count(e, result)
+            reply = tool_tokens(result.text)
+            if len(e.tokens) + len(reply) >= max_tokens:
+                e.done = e.truncated = True  # the output would leave no room to answer
+            else:
+                e.add(reply, False)
+    return episodes
+
+
+def _count(e: Episode, result: ToolResult) -> None:
+    e.calls += 1
+    e.errors += result.error
+    e.timeouts += result.timeout
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """env/* metrics of a batch: turns per episode, calls, failed calls, time-outs, the share
+    of episodes with at least one call, and the tool tokens (which the loss does not see)."""
+    n = max(len(episodes), 1)
+    return {
+        "env/turns_mean": sum(e.turns for e in episodes) / n,
+        "env/tool_calls": float(sum(e.calls for e in episodes)),
+        "env/tool_errors": float(sum(e.errors for e in episodes)),
+        "env/timeouts": float(sum(e.timeouts for e in episodes)),
+        "env/tool_call_rate": sum(e.calls > 0 for e in episodes) / n,
+        "env/tool_tokens_mean": sum(len(e.mask) - sum(e.mask) for e in episodes) / n,
+    }

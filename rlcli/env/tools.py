@@ -1,0 +1,216 @@
+"""The tools a model may call, `TOOLS`, and the `Toolbox` an episode calls them through.
+
+Every tool is a callable `str -> ToolResult` (the call's argument text in, text out) with a
+time limit and an output size limit: `calculator` (arithmetic parsed by `ast`, never
+evaluated as Python), `search` (BM25 over `env.corpus`, with bm25s), `python` (code in the
+sandbox of `env.sandbox`), and a user's function named `file.py:fn` (run in a process of its
+own, with the same time and output limits; the user's own code, so not sandboxed).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlcli.config import Config, ConfigError, EnvConfig
+from rlcli.env.calls import ToolResult, parse_call
+
+# --- calculator -------------------------------------------------------------------------------
+
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+# Bounds that keep one expression from taking seconds or gigabytes (9**9**9 would).
+MAX_EXPONENT, MAX_DIGITS = 1000, 1000
+
+
+def _value(node: ast.AST):
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_value(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponent {right} is above {MAX_EXPONENT}")
+        result = _OPS[type(node.op)](left, right)
+        if isinstance(result, int) and abs(result) >= 10**MAX_DIGITS:
+            raise ValueError(f"result has more than {MAX_DIGITS} digits")
+        return result
+    raise ValueError(f"only numbers and + - * / // % ** ( ) are allowed, not {ast.dump(node)[:40]}")
+
+
+def calculator(expression: str) -> ToolResult:
+    """The value of an arithmetic expression (× and ^ read as * and **), exact for integers."""
+    text = expression.replace("×", "*").replace("^", "**").replace(",", "").strip()
+    try:
+        value = _value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError) as err:
+        return ToolResult(f"Error: {type(err).__name__}: {err}", error=True)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    return ToolResult(str(value) if not isinstance(value, float) else repr(value))
+
+
+# --- search -----------------------------------------------------------------------------------
+
+
+class Search:
+    """BM25 over a .jsonl corpus of {"text", optional "title"}: the best documents for a query."""
+
+    def __init__(self, corpus: str, top_k: int):
+        import bm25s
+
+        self.bm25s, self.top_k = bm25s, top_k
+        self.docs = [json.loads(line) for line in Path(corpus).read_text().splitlines() if line]
+        texts = [f"{d.get('title', '')} {d['text']}" for d in self.docs]
+        self.index = bm25s.BM25()
+        self.index.index(self._tokens(texts), show_progress=False)
+
+    def _tokens(self, texts: list[str]):
+        return self.bm25s.tokenize(texts, stopwords="en", show_progress=False)
+
+    def __call__(self, query: str) -> ToolResult:
+        tokens = self._tokens([query])
+        if not tokens.vocab:  # nothing but stop words
+            return ToolResult("No results.")
+        k = min(self.top_k, len(self.docs))
+        found, scores = self.index.retrieve(tokens, k=k, show_progress=False)
+        hits = [self.docs[i] for i, s in zip(found[0], scores[0], strict=True) if s > 0]
+        lines = [f"[{n}] {d.get('title', '')}: {d['text']}" for n, d in enumerate(hits, 1)]
+        return ToolResult("\n".join(lines) or "No results.")
+
+
+# --- the registry -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    description: str  # the line the model is shown, after the tool's name
+    make: Callable[[EnvConfig], Callable[[str], ToolResult]]
+
+
+def _python(env: EnvConfig):
+    from rlcli.env.sandbox import run_python
+
+    return lambda code: run_python(code, env.tool_timeout_s, env.python_memory_mb)
+
+
+TOOLS: dict[str, ToolSpec] = {
+    "calculator": ToolSpec(
+        "evaluates arithmetic exactly, e.g. <tool>calculator</tool><args>12345 * 678</args>",
+        lambda env: calculator,
+    ),
+    "python": ToolSpec(
+        "runs Python code and returns what it prints, e.g. "
+        "<tool>python</tool><args>print(sum(range(10)))</args>",
+        _python,
+    ),
+    "search": ToolSpec(
+        "finds documents about a query, e.g. <tool>search</tool><args>Velmora lighthouse</args>",
+        lambda env: Search(env.corpus, env.search_top_k),
+    ),
+}
+
+
+def _user_tool(spec: str, env: EnvConfig):
+    from rlcli.env.sandbox import run_function
+
+    return lambda argument: run_function(spec, argument, env.tool_timeout_s)
+
+
+def tool_name(entry: str) -> str:
+    """The name a model calls an `env.tools` entry by: a built-in's, or a function's own."""
+    return entry.rsplit(":", 1)[1] if ":" in entry else entry
+
+
+def describe_tools(entries: list[str]) -> str:
+    """A line per tool for the system message."""
+    return "\n".join(
+        f"- {tool_name(e)}: "
+        + (TOOLS[e].description if e in TOOLS else "your function; see its documentation")
+        for e in entries
+    )
+
+
+class Toolbox:
+    """The tools of `env.tools`, called for a batch of turns at once (each in a thread: the
+    python tool and user functions wait on processes of their own)."""
+
+    def __init__(self, env: EnvConfig):
+        self.limit = env.tool_output_chars
+        self.tools = {
+            tool_name(e): (TOOLS[e].make(env) if e in TOOLS else _user_tool(e, env))
+            for e in env.tools
+        }
+
+    def call(self, turn: str) -> ToolResult:
+        """Run the call that ends `turn`; the output is cut to env.tool_output_chars."""
+        parsed = parse_call(turn)
+        if isinstance(parsed, str):
+            return ToolResult(parsed, error=True)
+        name, argument = parsed
+        if name not in self.tools:
+            known = ", ".join(self.tools)
+            return ToolResult(f"Error: no tool named {name!r}; the tools are {known}.", error=True)
+        result = self.tools[name](argument)
+        if len(result.text) > self.limit:
+            result = ToolResult(result.text[: self.limit] + " [cut]", result.error, result.timeout)
+        return result
+
+    def run(self, turns: list[str]) -> list[ToolResult]:
+        if len(turns) <= 1:
+            return [self.call(t) for t in turns]
+        with ThreadPoolExecutor(max_workers=min(len(turns), 8)) as pool:
+            return list(pool.map(self.call, turns))
+
+
+def check_env(cfg: Config) -> None:
+    """A `ConfigError` naming the bad env.* value and the valid choices, before any model loads."""
+    env = cfg.env
+    if env.name == "none":
+        return
+    if cfg.algo.objective == "dpo":
+        raise ConfigError(
+            f"algo=dpo trains on preference pairs and samples nothing, so env={env.name} would "
+            "be ignored: drop env= (or set env=none)."
+        )
+    if not env.tools:
+        raise ConfigError(f"env={env.name} needs at least one tool in env.tools: {_valid()}.")
+    for entry in env.tools:
+        if entry not in TOOLS and (":" not in entry or not tool_name(entry).isidentifier()):
+            raise ConfigError(f"env.tools entry {entry!r} is not a tool: {_valid()}.")
+    if "search" in env.tools and not (env.corpus and Path(env.corpus).is_file()):
+        raise ConfigError(
+            f'The search tool needs env.corpus, a .jsonl file of documents with a "text" '
+            f"field; env.corpus={env.corpus!r} is not a file."
+        )
+    for key, low in (("max_turns", 1), ("max_tokens", 1), ("tool_output_chars", 1)):
+        if getattr(env, key) < low:
+            raise ConfigError(f"env.{key}={getattr(env, key)} must be at least {low}.")
+    if not (env.tool_timeout_s > 0 and math.isfinite(env.tool_timeout_s)):
+        raise ConfigError(f"env.tool_timeout_s={env.tool_timeout_s} must be a positive number.")
+    if cfg.sampler.workers or cfg.sampler.urls:
+        raise ConfigError(
+            f"env={env.name} runs its episodes with the engine in the learner's process or "
+            "sampler=hf; rollout workers (sampler.workers, sampler.urls) do not run tools yet: "
+            "set sampler.workers=0 and sampler.urls=[]."
+        )
+
+
+def _valid() -> str:
+    return f"{', '.join(TOOLS)}, or a function as 'file.py:name' or 'package.module:name'"

@@ -1,0 +1,117 @@
+"""Multi-turn sampling with tools (`env=...`): `EpisodeSampler` wraps the vLLM or transformers
+sampler and runs `env.episode.run_episodes` on it, every episode of the batch advancing
+together (one engine call per turn; an episode that has finished waits for the others).
+
+A tool's output enters the context as a tool turn written by the tokenizer's own chat
+template (for SmolLM2: the model's turn closed, then `<|im_start|>tool ... <|im_end|>` and a
+new assistant turn); a tokenizer without a template gets `<result>...</result>`. Contexts
+are passed to the engine as token ids, never re-tokenized text, so the learner trains on
+exactly the tokens that were sampled.
+"""
+
+from __future__ import annotations
+
+from rlcli.config import ConfigError, EnvConfig, SamplerConfig
+from rlcli.env.calls import CALL_END
+from rlcli.env.episode import episode_metrics, run_episodes
+from rlcli.env.tools import Toolbox
+from rlcli.rollout.batch import Rollout, rollout_from_tokens
+
+_ASSISTANT, _TOOL = "\x00assistant\x00", "\x00tool\x00"
+
+
+def tool_turn_text(tokenizer) -> tuple[str, str]:
+    """(text before, text after) a tool's output: from the end of the model's turn to the
+    start of its next one, as the chat template writes a `tool` message."""
+    messages = [
+        {"role": "user", "content": "?"},
+        {"role": "assistant", "content": _ASSISTANT},
+        {"role": "tool", "content": _TOOL},
+    ]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        before, after = text.split(_ASSISTANT, 1)[1].split(_TOOL, 1)
+        return before, after
+    except Exception:  # no template, or one without a tool role
+        return "\n<result>\n", "\n</result>\n"
+
+
+class EpisodeSampler:
+    """A sampler whose responses are whole episodes: the model's turns and the tool turns
+    between them, the latter masked out of `response_mask`."""
+
+    def __init__(self, base, tokenizer, env: EnvConfig, cfg: SamplerConfig):
+        self.base, self.tokenizer, self.env, self.cfg = base, tokenizer, env, cfg
+        self.toolbox = Toolbox(env)
+        self.before, self.after = tool_turn_text(tokenizer)
+        self.last: dict[str, float] = {}
+
+    def sync(self, policy) -> None:
+        self.base.sync(policy)
+
+    def state_dict(self) -> dict:
+        return self.base.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base.load_state_dict(state)
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.base.metrics(), **self.last}
+
+    def _tool_tokens(self, output: str) -> list[int]:
+        text = f"{self.before}{output}{self.after}"
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def _encode(self, prompts: list[str]) -> list[list[int]]:
+        encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        longest = max(len(ids) for ids in encoded)
+        if longest + self.env.max_tokens > self.cfg.max_model_len:
+            raise ConfigError(
+                f"A prompt of {longest} tokens plus env.max_tokens={self.env.max_tokens} "
+                f"exceeds sampler.max_model_len={self.cfg.max_model_len}; raise "
+                "sampler.max_model_len or lower env.max_tokens."
+            )
+        return encoded
+
+    def sample(
+        self,
+        prompts: list[str],
+        group_size: int,
+        prompt_ids: list[str],
+        answers: list[str],
+        temperature: float | None = None,
+        seed: int | None = None,
+        top_p: float | None = None,
+    ) -> Rollout:
+        """`group_size` episodes per prompt, as a Rollout whose texts are the model's words."""
+        starts = [ids for ids in self._encode(prompts) for _ in range(group_size)]
+
+        def generate(contexts, budgets):
+            return self.base.turns(contexts, budgets, [CALL_END], temperature, top_p)
+
+        with self.base.seeded(seed):
+            episodes = run_episodes(
+                starts,
+                generate,
+                self.toolbox,
+                self._tool_tokens,
+                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                self.env.max_turns,
+                self.env.max_tokens,
+                self.cfg.max_new_tokens,
+            )
+        self.last = episode_metrics(episodes)
+        has_logprobs = self.cfg.name == "vllm"
+        return rollout_from_tokens(
+            starts,
+            [e.tokens for e in episodes],
+            texts=[e.text for e in episodes],
+            prompt_ids=[p for p in prompt_ids for _ in range(group_size)],
+            pad_id=self.tokenizer.pad_token_id,
+            device=self.base.device,
+            answers=[a for a in answers for _ in range(group_size)],
+            truncated=[e.truncated for e in episodes],
+            sampler_logp=[e.logprobs for e in episodes] if has_logprobs else None,
+            own_masks=[e.mask for e in episodes],
+            tool_calls=[e.calls for e in episodes],
+        )
