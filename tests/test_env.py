@@ -15,7 +15,7 @@ import torch
 
 from rlcli.config import ConfigError
 from rlcli.config.validate import compose, section
-from rlcli.env.calls import parse_call
+from rlcli.env.calls import CALL_END, parse_call
 from rlcli.env.episode import Turn
 from rlcli.env.sandbox import OUTPUT_BYTES, run_function, run_python
 from rlcli.env.tools import Search, Toolbox, calculator
@@ -255,6 +255,28 @@ def test_an_episode_ends_when_the_tool_output_would_leave_no_room(tiny_model_dir
     batch = sampler.sample([prompt], 1, ["0"], ["1"])
     assert batch.truncated.tolist() == [True] and batch.tool_calls.tolist() == [1]
     assert batch.response_mask.sum() == batch.attention_mask[:, batch.prompt_width :].sum()
+
+
+def test_hf_sampler_cuts_a_generated_row_at_the_call_eos_or_budget(tiny_model_dir):
+    from rlcli.rollout.hf import HFSampler
+    from rlcli.runtime.models import load_causal_lm
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = load_causal_lm(tiny_model_dir, "float32", torch.device("cpu"))
+    sampler = HFSampler(model, tokenizer, 1.0, 1.0, 32)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    call = ids(f"Now {CALL}")
+    turn = sampler._cut([*call, *ids(" and more"), eos, eos], 30, [CALL_END])
+    assert (turn.tokens, turn.end) == (call, "call")  # the shortest prefix holding </args>
+    said = ids("All done.")
+    assert sampler._cut([*said, eos, eos, eos], 30, [CALL_END]).tokens == [*said, eos]
+    assert sampler._cut([*said, eos], 30, [CALL_END]).end == "eos"
+    cut = sampler._cut([*said, *said, *said], 4, [CALL_END])
+    assert (cut.tokens, cut.end) == ([*said, *said, *said][:4], "length")
 
 
 def test_tool_failures_are_counted_per_batch():

@@ -1,11 +1,12 @@
 """Multi-turn episodes with tools (`env=calculator`, `python`, `search`; `env=none` is one
 reply per prompt).
 
-The room between the prompts (`data`) and the samplers (`rollout`), which run its episodes:
-how a tool call is written and read (`calls`), the tools and `TOOLS` (`tools`), the python
-tool's sandboxed process (`sandbox`, and `sandbox_child`, the script that process runs), and
-an episode's turns, tokens and loss mask (`episode`). Nothing here knows an engine: a sampler
-hands `episode.run_episodes` a function that continues token contexts.
+The room below the prompts (`data`, whose system message names the tools) and the samplers
+(`rollout`, which run the episodes): how a tool call is written and read (`calls`), the tools
+and `TOOLS` (`tools`), the python tool's sandboxed process (`sandbox`, and `sandbox_child`, the
+script that process runs), and an episode's turns, tokens and loss mask (`episode`). Nothing
+here knows an engine or a model: a sampler hands `episode.run_episodes` a function that
+continues token contexts.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pathlib import Path
 # Loggers of the libraries rlcli drives: their records go to the log file, not the console.
 LIBRARY_LOGGERS = ("py.warnings", "vllm", "transformers", "torch", "datasets", "huggingface_hub",
                    "filelock", "urllib3", "httpx", "numexpr", "wandb", "mlflow",
-                   "alembic")  # fmt: skip
+                   "alembic", "bm25s")  # fmt: skip
 
 
 class Tee:
