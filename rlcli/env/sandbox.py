@@ -67,6 +67,11 @@ def _run(args: list[str], given: str, timeout_s: float) -> ToolResult:
         except BrokenPipeError:
             pass
         output, why = _read(proc, timeout_s)
+        if why is None:  # its output closed: let it finish exiting before the group is killed
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -13,6 +13,7 @@ import ast
 import json
 import math
 import operator
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,8 +46,12 @@ def _value(node: ast.AST):
         return _OPS[type(node.op)](_value(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         left, right = _value(node.left), _value(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ValueError(f"exponent {right} is above {MAX_EXPONENT}")
+        if isinstance(node.op, ast.Pow):
+            if abs(right) > MAX_EXPONENT:
+                raise ValueError(f"exponent {right} is above {MAX_EXPONENT}")
+            # Checked before computing: (10**999)**1000 would take minutes and gigabytes.
+            if abs(left) > 1 and right > 0 and right * math.log10(abs(left)) > MAX_DIGITS:
+                raise ValueError(f"result has more than {MAX_DIGITS} digits")
         result = _OPS[type(node.op)](left, right)
         if isinstance(result, int) and abs(result) >= 10**MAX_DIGITS:
             raise ValueError(f"result has more than {MAX_DIGITS} digits")
@@ -73,12 +78,11 @@ class Search:
     """BM25 over a .jsonl corpus of {"text", optional "title"}: the best documents for a query."""
 
     def __init__(self, corpus: str, top_k: int):
-        import bm25s
-
+        bm25s = _bm25s()
         self.bm25s, self.top_k = bm25s, top_k
         self.docs = [json.loads(line) for line in Path(corpus).read_text().splitlines() if line]
         texts = [f"{d.get('title', '')} {d['text']}" for d in self.docs]
-        self.index = bm25s.BM25()
+        self.index = bm25s.BM25(backend="numpy")
         self.index.index(self._tokens(texts), show_progress=False)
 
     def _tokens(self, texts: list[str]):
@@ -93,6 +97,23 @@ class Search:
         hits = [self.docs[i] for i, s in zip(found[0], scores[0], strict=True) if s > 0]
         lines = [f"[{n}] {d.get('title', '')}: {d['text']}" for n, d in enumerate(hits, 1)]
         return ToolResult("\n".join(lines) or "No results.")
+
+
+def _bm25s():
+    """bm25s, imported without numba: it loads numba when it can, and numba's llvmlite leaves
+    objects in the process's modules that make vLLM's kernel registration fail the next time
+    an engine starts in this process (a sweep's next job, the tests). Its numpy backend is
+    what a local corpus needs."""
+    if "bm25s" in sys.modules or "numba" in sys.modules:
+        import bm25s
+
+        return bm25s
+    sys.modules["numba"] = None  # `import numba` raises ImportError while this stands
+    try:
+        import bm25s
+    finally:
+        del sys.modules["numba"]
+    return bm25s
 
 
 # --- the registry -----------------------------------------------------------------------------
