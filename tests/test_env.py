@@ -424,14 +424,16 @@ def test_tiny_model_runs_two_multi_turn_grpo_steps_on_vllm_and_hf(tiny_overrides
 
 def test_smollm2_calls_the_calculator_in_a_two_step_grpo_run_on_vllm():
     """SmolLM2 with the demo recipe's prompt: episodes call the calculator, read its result
-    in a tool turn and go on; two GRPO steps train on them with the tool turns masked."""
+    in a tool turn and go on; a GRPO step trains on them with the tool turns masked."""
     from rlcli.recipes import compose as compose_recipe
     from rlcli.train.run import setup
     from rlcli.train.step import collect_batch, train_step
 
     # Near-greedy sampling: SmolLM2 calls the tool in ~1 of 4 greedy episodes before training,
     # and in fewer at the recipe's temperature (0.7).
-    cfg = compose_recipe(["recipe=demo/grpo_calculator", "sampler.temperature=0.3"])
+    cfg = compose_recipe(
+        ["recipe=demo/grpo_calculator", "sampler.temperature=0.3", "trainer.group_size=4"]
+    )
     run = setup(cfg)
     batch, scores, _ = collect_batch(run)
     calls = batch.tool_calls
@@ -439,9 +441,5 @@ def test_smollm2_calls_the_calculator_in_a_two_step_grpo_run_on_vllm():
     tool_tokens = batch.attention_mask[:, batch.prompt_width :] - batch.response_mask
     assert torch.all(tool_tokens[calls > 0].sum(-1) > 0) and torch.all(tool_tokens[calls == 0] == 0)
     assert torch.all(batch.sampler_logp[tool_tokens.bool()] == 0)
-    for _ in range(2):
-        metrics = train_step(run)
-        assert (
-            math.isfinite(metrics["loss"])
-            and metrics["env/tool_errors"] <= metrics["env/tool_calls"]
-        )
+    metrics = train_step(run)  # the tiny model's run above makes two steps; one does here
+    assert math.isfinite(metrics["loss"]) and metrics["env/turns_mean"] >= 1
