@@ -180,15 +180,19 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
     )
 
 
-def encode_prompts(tokenizer, prompts: list[str], cfg: SamplerConfig) -> list[list[int]]:
+def encode_prompts(
+    tokenizer, prompts: list[str], cfg: SamplerConfig, budget: tuple[str, int] | None = None
+) -> list[list[int]]:
     """The token ids a vLLM engine samples from, each checked to fit its context with room
-    for the response."""
+    for the response: `budget` (its key, its tokens), by default sampler.max_new_tokens (a
+    multi-turn episode passes env.max_tokens)."""
+    key, tokens = budget or ("sampler.max_new_tokens", cfg.max_new_tokens)
     encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     for ids in encoded:
-        if len(ids) + cfg.max_new_tokens > cfg.max_model_len:
+        if len(ids) + tokens > cfg.max_model_len:
             raise ConfigError(
-                f"A prompt of {len(ids)} tokens plus sampler.max_new_tokens="
-                f"{cfg.max_new_tokens} exceeds sampler.max_model_len={cfg.max_model_len}; "
-                "raise sampler.max_model_len or shorten the prompts."
+                f"A prompt of {len(ids)} tokens plus {key}={tokens} exceeds "
+                f"sampler.max_model_len={cfg.max_model_len}; raise sampler.max_model_len, "
+                f"lower {key} or shorten the prompts."
             )
     return encoded

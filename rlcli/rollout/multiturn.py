@@ -11,11 +11,11 @@ exactly the tokens that were sampled.
 
 from __future__ import annotations
 
-from rlcli.config import ConfigError, EnvConfig, SamplerConfig
+from rlcli.config import EnvConfig, SamplerConfig
 from rlcli.env.calls import CALL_END
 from rlcli.env.episode import episode_metrics, run_episodes
 from rlcli.env.tools import Toolbox
-from rlcli.rollout.batch import Rollout, rollout_from_tokens
+from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
 
 _ASSISTANT, _TOOL = "\x00assistant\x00", "\x00tool\x00"
 
@@ -62,17 +62,6 @@ class EpisodeSampler:
         text = f"{self.before}{output}{self.after}"
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    def _encode(self, prompts: list[str]) -> list[list[int]]:
-        encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-        longest = max(len(ids) for ids in encoded)
-        if longest + self.env.max_tokens > self.cfg.max_model_len:
-            raise ConfigError(
-                f"A prompt of {longest} tokens plus env.max_tokens={self.env.max_tokens} "
-                f"exceeds sampler.max_model_len={self.cfg.max_model_len}; raise "
-                "sampler.max_model_len or lower env.max_tokens."
-            )
-        return encoded
-
     def sample(
         self,
         prompts: list[str],
@@ -84,7 +73,9 @@ class EpisodeSampler:
         top_p: float | None = None,
     ) -> Rollout:
         """`group_size` episodes per prompt, as a Rollout whose texts are the model's words."""
-        starts = [ids for ids in self._encode(prompts) for _ in range(group_size)]
+        budget = ("env.max_tokens", self.env.max_tokens)
+        encoded = encode_prompts(self.tokenizer, prompts, self.cfg, budget)
+        starts = [ids for ids in encoded for _ in range(group_size)]
 
         def generate(contexts, budgets):
             return self.base.turns(contexts, budgets, [CALL_END], temperature, top_p)
