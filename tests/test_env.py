@@ -90,6 +90,13 @@ def test_user_tool_runs_in_its_own_process_and_a_hang_is_contained(tmp_path):
     assert hung.timeout and time.monotonic() - start < 5
 
 
+def test_a_user_tool_that_raises_shows_the_users_own_error(tmp_path):
+    (tmp_path / "tools.py").write_text("def lookup(key):\n    return {'a': 1}[key]\n")
+    failed = run_function(f"{tmp_path}/tools.py:lookup", "b", 10)
+    assert failed.error and failed.text.endswith("KeyError: 'b'"), failed.text
+    assert "tools.py\", line 2, in lookup" in failed.text and "sandbox_child" not in failed.text
+
+
 # --- the python tool's sandbox ----------------------------------------------------------------
 
 
@@ -121,26 +128,39 @@ def test_python_tool_contains_a_hang_a_crash_a_flood_and_a_memory_hog():
     [
         ("import socket; socket.create_connection(('pypi.org', 443), timeout=2)", "socket"),
         ("import urllib.request; urllib.request.urlopen('http://127.0.0.1:1')", "socket"),
-        ("import subprocess; subprocess.run(['ls'])", "_posixsubprocess"),
+        ("import subprocess; subprocess.run(['ls'])", "subprocess"),
         ("import os; os.system('ls')", "os.system"),
-        ("import ctypes; ctypes.CDLL(None)", "ctypes"),
-        ("import os; print(os.listdir(os.environ.get('HOME', '/') + '/..'))", "os.listdir"),
     ],
 )
-def test_python_tool_refuses_the_network_processes_and_native_calls(code, refused):
+def test_python_tool_says_plainly_what_it_refuses(code, refused):
+    """The audit hook's messages, clearer than the box's bare errors (tests/test_sandbox.py
+    shows the box holding with the hook switched off)."""
     done = run_python(code, 5, 512)
     assert done.error and "sandbox refuses" in done.text and refused in done.text, done.text
 
 
-def test_python_tool_cannot_read_or_write_the_run_directory(tmp_path):
+def test_python_tool_cannot_see_the_run_directory(tmp_path):
     secret = tmp_path / "checkpoint.txt"
     secret.write_text("weights")
     read = run_python(f"print(open({str(secret)!r}).read())", 5, 512)
-    assert read.error and "refuses to open" in read.text and "weights" not in read.text
+    assert read.error and "FileNotFoundError" in read.text and "weights" not in read.text
     write = run_python(f"open({str(tmp_path / 'new.txt')!r}, 'w').write('x')", 5, 512)
     assert write.error and not (tmp_path / "new.txt").exists()
     gone = run_python(f"import os; os.remove({str(secret)!r})", 5, 512)
     assert gone.error and secret.read_text() == "weights"
+
+
+def test_python_tool_imports_the_installed_packages():
+    done = run_python("import numpy, sympy; print(sympy.factorint(2**16 + 1))", 10, 1024)
+    assert done.text == "{65537: 1}", done.text
+
+
+def test_unsandboxed_python_tool_still_has_its_limits_and_hook():
+    """env.sandbox=none: no box, the old obstacles (not a sandbox; README says so)."""
+    hang = run_python("while True: pass", 1, 512, sandbox="none")
+    assert hang.timeout
+    refused = run_python("import ctypes; ctypes.CDLL(None)", 5, 512, sandbox="none")
+    assert refused.error and "sandbox refuses ctypes" in refused.text
 
 
 def test_the_sandbox_has_a_network_namespace_of_its_own():

@@ -119,6 +119,8 @@ class EnvConfig:
     tool_timeout_s: float = MISSING
     tool_output_chars: int = MISSING
     python_memory_mb: int = MISSING
+    python_disk_mb: int = MISSING
+    sandbox: str = MISSING
     corpus: str | None = MISSING
     search_top_k: int = MISSING
 

@@ -1,38 +1,147 @@
 """The python tool's process, and a user tool function's: started per call, stopped at its
-time limit or when its output passes `OUTPUT_BYTES`, its whole process group killed.
+time limit or when its output passes `OUTPUT_BYTES`, everything it started killed with it.
 
-`run_python` runs model-written code in the sandbox `sandbox_child.py` sets up (its docstring
-lists the layers); `run_function` runs a user's `file.py:name` tool, limited in time and output
-only. Both run in a fresh temporary directory that is deleted afterwards, with an environment
-holding only PATH, HOME (that directory) and single-threaded math libraries: no tokens, no
-proxies.
+`run_python` runs model-written code. With `env.sandbox=bwrap` (the default) the operating
+system contains it, through bubblewrap (`bwrap`, a tool made for unprivileged containers):
+- its own pid, network, ipc, uts, mount and cgroup namespaces: no other process, no network
+  (a loopback of its own), no host socket, Unix or abstract;
+- a root of its own holding only /usr, the Python installation and the child script, all
+  read-only; its own /proc and a minimal /dev; a tmpfs of `disk_mb` MiB as /tmp, its working
+  directory and only writable place (another bounded one on /dev/shm), gone when it ends;
+- an unprivileged user with no capabilities: started by root, bubblewrap makes the namespaces
+  and `setpriv` then becomes `nobody` (65534) inside, so rlimits bind (started by another
+  user, bubblewrap's user namespace maps the box's user to that user, and nested user
+  namespaces are disabled);
+- the seccomp filter of `seccomp.py`; a new session; killed with its parent;
+- bubblewrap itself started with a minimal environment, so no process of the box can read the
+  trainer's tokens (the box's pid 1 keeps the environment it was started with);
+- rlimits and the audit hook that `sandbox_child.py` adds inside: CPU, address space, file
+  size, no new process or thread, no core; the hook only gives clearer messages.
+With `env.sandbox=none` the code runs in a plain process with the rlimits and the hook only,
+in a temporary directory: not contained (README "Tools").
+
+`run_function` runs a user's `file.py:name` tool, limited in time and output only (the user's
+own code), in a fresh temporary directory with an environment of PATH and HOME.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
 from rlcli.env.calls import ToolResult
+from rlcli.env.seccomp import filter_program
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
 # Output read from a call; past it the process is stopped (a print loop fills no memory).
 OUTPUT_BYTES = 64 * 1024
+SANDBOXES = ("bwrap", "none")
+# Where the box's writable tmpfs is mounted, and the child script inside the box.
+BOX_HOME, BOX_CHILD = "/tmp", "/rlcli/sandbox_child.py"
+NOBODY = 65534
+# The one environment bubblewrap itself sees, and the one the box's code sees.
+BWRAP_ENV = {"PATH": "/usr/bin:/bin"}
+CODE_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": BOX_HOME,
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
-def run_python(code: str, timeout_s: float, memory_mb: int) -> ToolResult:
+def run_python(
+    code: str, timeout_s: float, memory_mb: int, disk_mb: int = 64, sandbox: str = "bwrap"
+) -> ToolResult:
     # CPU seconds a little above the wall-clock limit, which stops the process first; the CPU
     # limit only backs it up (SIGXCPU is reported as a time-out too).
-    limits = json.dumps({"cpu_s": math.ceil(timeout_s) + 1, "memory_mb": memory_mb})
-    return _run(["code", limits], code, timeout_s)
+    limits = {"cpu_s": math.ceil(timeout_s) + 1, "memory_mb": memory_mb, "boxed": False}
+    if sandbox == "none":
+        command = [sys.executable, "-I", "-u", str(CHILD), "code", json.dumps(limits)]
+        return _in_temporary_directory(command, code, timeout_s)
+    limits["boxed"] = True
+    program = filter_program()
+    seccomp = _memfd(program) if program else None
+    try:
+        box = box_command(disk_mb, seccomp)
+        command = [*box, sys.executable, "-I", "-u", BOX_CHILD, "code", json.dumps(limits)]
+        fds = (seccomp,) if seccomp is not None else ()
+        return _run(command, code, timeout_s, cwd="/", env=BWRAP_ENV, pass_fds=fds)  # cwd / = box
+    finally:
+        if seccomp is not None:
+            os.close(seccomp)
+
+
+def box_command(disk_mb: int, seccomp_fd: int | None = None) -> list[str]:
+    """The `bwrap ... [setpriv ...]` prefix of a command that runs in a new box."""
+    root = os.geteuid() == 0
+    cmd = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+    cmd += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if not root:
+        cmd += ["--unshare-user", *(["--disable-userns"] if _bwrap_has("--disable-userns") else [])]
+    cmd += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    for path in _python_paths():
+        # Parents made traversable: /root is 0700 outside, and `nobody` must reach a pyenv.
+        for parent in reversed(Path(path).parents[:-1]):
+            if not str(parent).startswith("/usr"):
+                cmd += ["--perms", "0755", "--dir", str(parent)]
+        cmd += ["--ro-bind", path, path]
+    cmd += ["--perms", "0755", "--dir", os.path.dirname(BOX_CHILD)]
+    cmd += ["--ro-bind", str(CHILD), BOX_CHILD, "--proc", "/proc", "--dev", "/dev"]
+    size = str(disk_mb * 2**20)
+    for place in (BOX_HOME, "/dev/shm"):  # writable by the box's user, sticky as usual
+        cmd += ["--perms", "1777", "--size", size, "--tmpfs", place]
+    cmd += ["--chdir", BOX_HOME, "--clearenv"]
+    for key, value in CODE_ENV.items():
+        cmd += ["--setenv", key, value]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
+    cmd.append("--")
+    if root:  # nobody, no groups, no capabilities, and none to be gained
+        cmd += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        cmd += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    return cmd
+
+
+def sandbox_problem(sandbox: str) -> str | None:
+    """Why the python tool's sandbox cannot run here (a sentence for the user), or None."""
+    if sandbox == "none":
+        return None
+    if shutil.which("bwrap") is None:
+        return (
+            "the python tool runs model-written code inside bubblewrap, and the `bwrap` command "
+            "is not installed here: install the package `bubblewrap` (apt-get install "
+            "bubblewrap, dnf install bubblewrap; scripts/setup.sh does it on Debian), or set "
+            "env.sandbox=none to run that code without isolation (unsafe: it can then read, "
+            "write and signal whatever your user can)."
+        )
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return "started by root, the python tool's box needs `setpriv` (package util-linux)."
+    probe = run_python("print(6 * 7)", 20, 256)
+    if probe.text != "42":
+        return (
+            "bubblewrap is installed but could not start the python tool's box here (it needs "
+            "user namespaces, or root); it said: "
+            + " ".join(probe.text.split())[:300]
+            + ". Set env.sandbox=none to run the code without isolation (unsafe)."
+        )
+    return None
 
 
 def run_function(spec: str, argument: str, timeout_s: float) -> ToolResult:
@@ -40,43 +149,81 @@ def run_function(spec: str, argument: str, timeout_s: float) -> ToolResult:
     if target.endswith(".py"):
         target = str(Path(target).resolve())
     path = json.dumps([os.getcwd(), *sys.path])
-    return _run(["function", f"{target}:{name}", path], argument, timeout_s)
+    command = [sys.executable, "-I", "-u", str(CHILD), "function", f"{target}:{name}", path]
+    return _in_temporary_directory(command, argument, timeout_s)
 
 
-def _run(args: list[str], given: str, timeout_s: float) -> ToolResult:
+def check_function(spec: str, timeout_s: float) -> str | None:
+    """Why the user's tool `spec` cannot be imported and called (its own words), or None.
+    Imported in a process of its own, as it will run: not in the trainer's."""
+    target, name = spec.rsplit(":", 1)
+    if target.endswith(".py"):
+        target = str(Path(target).resolve())
+    path = json.dumps([os.getcwd(), *sys.path])
+    command = [sys.executable, "-I", "-u", str(CHILD), "check", f"{target}:{name}", path]
+    done = _in_temporary_directory(command, "", timeout_s)
+    return (done.text or "it failed") if (done.error or done.timeout) else None
+
+
+@functools.cache
+def _bwrap_has(flag: str) -> bool:
+    shown = subprocess.run(["bwrap", "--help"], capture_output=True, text=True)
+    return flag in shown.stdout + shown.stderr
+
+
+def _python_paths() -> list[str]:
+    """The interpreter's installation and its environment (a venv), each once."""
+    paths = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)}
+    paths |= {os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
+    kept = sorted(p for p in paths if p != "/usr" and not p.startswith("/usr/"))  # bound whole
+    return [p for p in kept if not any(p.startswith(q + os.sep) for q in kept)]
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("rlcli-seccomp", 0)  # inherited by bwrap through pass_fds
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _in_temporary_directory(command: list[str], given: str, timeout_s: float) -> ToolResult:
     with tempfile.TemporaryDirectory(prefix="rlcli-tool-") as workdir:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": workdir,
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-u", str(CHILD), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=workdir,
-            env=env,
-            start_new_session=True,  # its own process group, killed whole
-        )
+        env = {**CODE_ENV, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir}
+        return _run(command, given, timeout_s, cwd=workdir, env=env)
+
+
+def _run(
+    command: list[str], given: str, timeout_s: float, cwd: str, env: dict, pass_fds=()
+) -> ToolResult:
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        env=env,
+        pass_fds=pass_fds,
+        start_new_session=True,  # its own process group, killed whole
+    )
+    try:
+        proc.stdin.write(given.encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    output, why = _read(proc, timeout_s)
+    if why is None:  # its output closed: let it finish exiting before the group is killed
         try:
-            proc.stdin.write(given.encode())
-            proc.stdin.close()
-        except BrokenPipeError:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
             pass
-        output, why = _read(proc, timeout_s)
-        if why is None:  # its output closed: let it finish exiting before the group is killed
-            try:
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        code = proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    code = proc.wait()
+    if cwd == "/" and code > 128 and code - 128 in signal.valid_signals():
+        code = 128 - code  # bubblewrap exits 128 + N for a box killed by signal N
     text = output.decode(errors="replace").strip()
     if why == "timeout" or code == -signal.SIGXCPU:
         return ToolResult(f"{text}\nError: stopped after {timeout_s:g} s".strip(), timeout=True)

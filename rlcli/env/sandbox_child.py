@@ -2,19 +2,21 @@
 only, started by `sandbox.py` as `python -I -u sandbox_child.py MODE ...` with the call's
 input on stdin, in a fresh temporary directory.
 
-`code` mode, before the model's code runs, in this order:
-1. network: a network namespace of its own (`unshare`: no interfaces but a loopback that is
-   down), where the kernel allows one;
-2. resource limits: CPU seconds, address space, file size, no child processes (the kernel
-   does not hold root to this one), no core file;
-3. an audit hook (PEP 578) refusing sockets, processes, ctypes, and opening, listing or
-   changing files outside the temporary directory and the Python installation (read-only).
-It keeps the user's identity: an interpreter installed under a private home (pyenv under
-/root) could not import its own standard library as `nobody`.
-Each layer is checked by the tests; the README says what they do not stop.
+`code` mode, before the model's code runs. Inside bubblewrap's box (`boxed`, the default;
+`sandbox.py` says what the box is), which is what contains the code:
+1. resource limits: CPU seconds, address space, file size, no child processes or threads,
+   no core file (they bind: the box's user is not root);
+2. an audit hook (PEP 578) refusing sockets and new processes with a message the model can
+   read ("the sandbox refuses socket.connect") instead of the kernel's bare errno. It is
+   not a containment: code can switch it off (tests/test_sandbox.py does), and nothing
+   depends on it.
+Outside a box (`env.sandbox=none`, unsafe), the same limits and a stricter hook (files
+outside the temporary directory, ctypes), plus a network namespace where the kernel allows
+one: obstacles for a well-meaning model, not a sandbox.
 
 `function` mode imports the user's tool (`file.py:name` or `module:name`) and prints what it
 returns for the argument: the user's own code, limited only in time and output by the parent.
+`check` mode only imports it, before the run starts (`sandbox.check_function`).
 """
 
 import json
@@ -38,6 +40,9 @@ REFUSED = (
     "ctypes.",
     "_posixsubprocess",
 )
+# In the box the kernel already holds files and native calls; refusing ctypes there would
+# only break `import numpy`.
+REFUSED_IN_BOX = tuple(e for e in REFUSED if e != "ctypes.")
 # Events whose first argument is a path that must lie in the work directory.
 WRITES = (
     "os.remove",
@@ -79,7 +84,7 @@ def set_limits(cpu_s: int, memory_mb: int) -> None:
         resource.setrlimit(limit, (value, value))
 
 
-def install_guard(workdir: str) -> None:
+def install_guard(workdir: str, boxed: bool) -> None:
     import sysconfig
 
     paths = sysconfig.get_paths()
@@ -94,8 +99,10 @@ def install_guard(workdir: str) -> None:
         return real in devices or any(real == r or real.startswith(r + os.sep) for r in roots)
 
     def hook(event: str, args) -> None:
-        if event.startswith(REFUSED):
+        if event.startswith(REFUSED_IN_BOX if boxed else REFUSED):
             raise PermissionError(f"the python tool's sandbox refuses {event}")
+        if boxed:
+            return
         if event == "import" and args[0] in MODULES:
             raise PermissionError(f"the python tool's sandbox refuses to import {args[0]}")
         if event == "open":
@@ -118,9 +125,10 @@ def install_guard(workdir: str) -> None:
 
 def run_code(code: str, limits: dict) -> None:
     workdir = os.path.realpath(os.getcwd())
-    isolate_network()
+    if not limits["boxed"]:
+        isolate_network()
     set_limits(limits["cpu_s"], limits["memory_mb"])
-    install_guard(workdir)
+    install_guard(workdir, limits["boxed"])
     import traceback
 
     try:
@@ -132,24 +140,52 @@ def run_code(code: str, limits: dict) -> None:
         sys.exit(1)
 
 
-def run_function(spec: str, path: list, argument: str) -> None:
+def load_function(spec: str, path: list):
+    """The user's tool function; SystemExit with one line saying why it cannot be had."""
     import importlib
     import importlib.util
 
     target, name = spec.rsplit(":", 1)
     sys.path.extend(path)
-    if target.endswith(".py"):
-        loader = importlib.util.spec_from_file_location("user_tool", target)
-        module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    print(getattr(module, name)(argument))
+    if target.endswith(".py") and not os.path.isfile(target):
+        sys.exit(f"no such file {target}")
+    try:
+        if target.endswith(".py"):
+            loader = importlib.util.spec_from_file_location("user_tool", target)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except BaseException as err:  # noqa: BLE001 - the user's module failed to import
+        sys.exit(f"importing {target} failed: {_users_error(err)}")
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        sys.exit(f"{target} has no function {name!r}")
+    return fn
+
+
+def run_function(spec: str, path: list, argument: str) -> None:
+    fn = load_function(spec, path)
+    try:
+        print(fn(argument))
+    except BaseException as err:  # noqa: BLE001 - the user's error, without rlcli's frames
+        sys.exit(_users_error(err))
+
+
+def _users_error(err: BaseException) -> str:
+    """The error with the frames of the user's own code only (none of this script's)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename != __file__]
+    lines = traceback.format_list(frames[-3:]) + traceback.format_exception_only(type(err), err)
+    return "".join(lines).strip()
 
 
 if __name__ == "__main__":
     mode, given = sys.argv[1], sys.stdin.read()
     if mode == "code":
         run_code(given, json.loads(sys.argv[2]))
+    elif mode == "check":  # the tool can be imported and called: exit 0, or why not
+        load_function(sys.argv[2], json.loads(sys.argv[3]))
     else:
         run_function(sys.argv[2], json.loads(sys.argv[3]), given)

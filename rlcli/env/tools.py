@@ -21,6 +21,13 @@ from pathlib import Path
 
 from rlcli.config import Config, ConfigError, EnvConfig
 from rlcli.env.calls import ToolResult, parse_call
+from rlcli.env.sandbox import (
+    SANDBOXES,
+    check_function,
+    run_function,
+    run_python,
+    sandbox_problem,
+)
 
 # --- calculator -------------------------------------------------------------------------------
 
@@ -126,9 +133,9 @@ class ToolSpec:
 
 
 def _python(env: EnvConfig):
-    from rlcli.env.sandbox import run_python
-
-    return lambda code: run_python(code, env.tool_timeout_s, env.python_memory_mb)
+    return lambda code: run_python(
+        code, env.tool_timeout_s, env.python_memory_mb, env.python_disk_mb, env.sandbox
+    )
 
 
 TOOLS: dict[str, ToolSpec] = {
@@ -149,8 +156,6 @@ TOOLS: dict[str, ToolSpec] = {
 
 
 def _user_tool(spec: str, env: EnvConfig):
-    from rlcli.env.sandbox import run_function
-
     return lambda argument: run_function(spec, argument, env.tool_timeout_s)
 
 
@@ -213,24 +218,65 @@ def check_env(cfg: Config) -> None:
     if not env.tools:
         raise ConfigError(f"env={env.name} needs at least one tool in env.tools: {_valid()}.")
     for entry in env.tools:
-        if entry not in TOOLS and (":" not in entry or not tool_name(entry).isidentifier()):
+        target, _, name = entry.rpartition(":")
+        if entry not in TOOLS and not (target and name.isidentifier()):
             raise ConfigError(f"env.tools entry {entry!r} is not a tool: {_valid()}.")
-    if "search" in env.tools and not (env.corpus and Path(env.corpus).is_file()):
-        raise ConfigError(
-            f'The search tool needs env.corpus, a .jsonl file of documents with a "text" '
-            f"field; env.corpus={env.corpus!r} is not a file."
-        )
-    for key, low in (("max_turns", 1), ("max_tokens", 1), ("tool_output_chars", 1)):
-        if getattr(env, key) < low:
-            raise ConfigError(f"env.{key}={getattr(env, key)} must be at least {low}.")
+    if "search" in env.tools:
+        _check_corpus(env.corpus)
+    limits = ("max_turns", "max_tokens", "tool_output_chars", "search_top_k", "python_memory_mb")
+    for key in (*limits, "python_disk_mb"):
+        if getattr(env, key) < 1:
+            raise ConfigError(f"env.{key}={getattr(env, key)} must be at least 1.")
     if not (env.tool_timeout_s > 0 and math.isfinite(env.tool_timeout_s)):
         raise ConfigError(f"env.tool_timeout_s={env.tool_timeout_s} must be a positive number.")
+    if env.sandbox not in SANDBOXES:
+        raise ConfigError(
+            f"env.sandbox={env.sandbox!r} is not a sandbox: bwrap (bubblewrap, the default) or "
+            "none (no isolation, unsafe)."
+        )
+    if "python" in env.tools:
+        problem = sandbox_problem(env.sandbox)
+        if problem:
+            raise ConfigError(f"env.sandbox={env.sandbox}: {problem}")
+    for entry in env.tools:
+        if entry not in TOOLS:
+            problem = check_function(entry, max(30.0, env.tool_timeout_s))
+            if problem:
+                problem = " ".join(problem.split())  # one paragraph, the user's frames kept
+                raise ConfigError(f"env.tools entry {entry!r} cannot be used: {problem}")
     if cfg.sampler.workers or cfg.sampler.urls:
         raise ConfigError(
             f"env={env.name} runs its episodes with the engine in the learner's process or "
             "sampler=hf; rollout workers (sampler.workers, sampler.urls) do not run tools yet: "
             "set sampler.workers=0 and sampler.urls=[]."
         )
+
+
+def _check_corpus(corpus: str | None) -> None:
+    """The search tool's documents: a .jsonl file of objects with a "text" string."""
+    need = 'a .jsonl file of documents, each a JSON object with a "text" field'
+    if not (corpus and Path(corpus).is_file()):
+        raise ConfigError(
+            f"The search tool needs env.corpus, {need}; env.corpus={corpus!r} is not a file."
+        )
+    count = 0
+    with open(corpus, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as err:
+                why = f"is not valid JSON ({err.msg} at column {err.colno})"
+                raise ConfigError(
+                    f"env.corpus={corpus}: line {number} {why}; use {need}."
+                ) from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+                why = 'has no "text" string'
+                raise ConfigError(f"env.corpus={corpus}: line {number} {why}; use {need}.")
+            count += 1
+    if count == 0:
+        raise ConfigError(f"env.corpus={corpus} holds no documents; use {need}.")
 
 
 def _valid() -> str:
