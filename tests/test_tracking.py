@@ -398,3 +398,21 @@ def test_every_backend_gets_the_metrics_and_reads_them_back(tmp_path):
 def test_an_unknown_backend_is_named():
     with pytest.raises(ConfigError, match="logger.backends has 'neptune', which is not one of"):
         compose(["logger.backends=[jsonl,neptune]"])
+
+
+def test_the_console_table_of_samples_escapes_control_characters(tmp_path):
+    from rlcli.tracking.samples import SamplesLog
+    from rlcli.tracking.trackers import ScoredSample
+
+    # A response that would clear the screen, recolour it, set its title and reverse the line.
+    response = "4\x1b[31m red\x1b]0;owned\x07 \u202eevil\x9b2J"
+    sample = ScoredSample("What is\x1b[2J 2+2?", response, "4", 1.0, "p0")
+    printed = []
+    SamplesLog(tmp_path, every=1, print_every=1).log(1, [sample], {}, printed.append)
+    (table,) = printed
+    assert not any(char in table for char in "\x1b\x07\u202e\x9b")
+    assert "What is\\x1b[2J 2+2?" in table
+    assert "4\\x1b[31m red\\x1b]0;owned\\x07 \\u202eevil\\x9b2J" in table
+    # samples.jsonl keeps the text as the model wrote it (JSON escapes it there).
+    (row,) = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert row["response"] == response and row["prompt"] == sample.prompt

@@ -62,3 +62,27 @@ def check_overrides(overrides: Sequence[str]) -> None:
                     )
         elif (message := unknown_key_message(key)) is not None:
             raise ConfigError(message)
+
+
+def check_syntax(overrides: Sequence[str]) -> None:
+    """Raise ConfigError for an override Hydra's grammar cannot read (`trainer.lr=[1,`, a
+    word without `=`): Hydra itself reports it with exit code 1, not a config error's 2."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as err:
+            # Hydra's message: "Error parsing override ..." (sometimes), the parser's words,
+            # then a link; the parser's words are what locate the mistake.
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            words = [line for line in lines if not line.startswith(("Error parsing", "See "))]
+            why = f" ({words[0]})" if words else ""
+            raise ConfigError(
+                f"{override!r} is not a valid override{why}. An override is key=value: a "
+                "list as key=[a,b], a value holding spaces, commas, brackets, = or quotes "
+                "quoted as key='a, b' (the whole argument in double quotes for the shell); "
+                "see https://hydra.cc/docs/advanced/override_grammar/basic/."
+            ) from None

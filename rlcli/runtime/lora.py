@@ -10,6 +10,9 @@ adapters' parameters require gradients. What LoRA changes elsewhere goes through
 - `save_pretrained` writes the adapter only (PEFT's `adapter_model.safetensors` and
   `adapter_config.json`, naming the base model), and `load_adapters` reads it back;
 - `export_merged` writes one plain Hugging Face model (`rlcli export`).
+A layer tied to another (a tied `lm_head` or `embed_tokens`) is refused (`_check_targets`):
+the one merged copy of its weight that vLLM and the export load could not match the trained
+model, which adapts only one use of it. Untied embeddings and output heads merge exactly.
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ def check_settings(lora: LoraConfig) -> None:
             f"model.lora.target_modules is empty: name the layers to adapt (module names such "
             f"as [q_proj,v_proj]) or [{ALL_LINEAR}] (every linear layer but the output head)."
         )
+    names = list(lora.target_modules)
+    if ALL_LINEAR in names and len(names) > 1:
+        # peft reads a list as module names, where all-linear names nothing: it would adapt
+        # the other names only.
+        raise ConfigError(
+            f"model.lora.target_modules=[{','.join(names)}] mixes {ALL_LINEAR} with layer "
+            f"names: {ALL_LINEAR} already adapts every linear layer but the output head. Give "
+            f"[{ALL_LINEAR}] alone, or only the names of the layers to adapt (such as "
+            "[q_proj,v_proj])."
+        )
 
 
 def _peft_config(lora: LoraConfig, keep: tuple[str, ...] = ()):
@@ -62,20 +75,86 @@ def _peft_config(lora: LoraConfig, keep: tuple[str, ...] = ()):
     )
 
 
+def _is_linear(module: nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def _linear_names(model: nn.Module, keep: tuple[str, ...]) -> str:
+    """The short names of the layers a user may adapt: linear ones, not the output head."""
+    head = model.get_output_embeddings()
+    layers = [n for n, m in model.named_modules() if _is_linear(m) and m is not head]
+    names = {n.rsplit(".", 1)[-1] for n in layers}
+    return ", ".join(sorted(names - {"lm_head", *keep}))
+
+
+def _check_targets(model: nn.Module, lora: LoraConfig, keep: tuple[str, ...]) -> None:
+    """Every name in `model.lora.target_modules` must match a layer (as peft matches: the whole
+    module name or its last parts), each a linear or embedding layer with a weight of its own."""
+    names = list(lora.target_modules)
+    if names == [ALL_LINEAR]:
+        return  # peft picks the linear layers itself, never the output head
+    given = f"model.lora.target_modules=[{','.join(names)}]"
+    layers = f"its linear layers are {_linear_names(model, keep)}; or use [{ALL_LINEAR}]."
+    modules = dict(model.named_modules())
+    users: dict[int, list[str]] = {}  # a weight -> the modules holding it (tied: several)
+    for name, module in modules.items():
+        for param in module.parameters(recurse=False):
+            users.setdefault(id(param), []).append(name)
+    for target in names:
+        which = "" if len(names) == 1 else f": {target}"
+        found = [n for n in modules if n == target or n.endswith(f".{target}")]
+        if not found:
+            raise ConfigError(f"{given}{which} matches no layer of this model: {layers}")
+        for name in found:
+            module = modules[name]
+            shared = [n for n in users.get(id(getattr(module, "weight", None)), []) if n != name]
+            if shared:
+                # vLLM and the exported model get one merged copy of a tied weight, while the
+                # trained model adapts only this use of it: they would differ from it.
+                raise ConfigError(
+                    f"{given}: {name} is tied: it shares its weight with {shared[0]}. An "
+                    "adapter on a tied layer cannot be merged into the one copy of that weight "
+                    "vLLM and `rlcli export` load without changing the model that was trained. "
+                    f"Adapt other layers instead: {layers}"
+                )
+            if not _is_linear(module) and not isinstance(module, nn.Embedding):
+                raise ConfigError(
+                    f"{given}: {name} is a {type(module).__name__}, not a linear layer; name "
+                    f"the linear layers inside it instead: {layers}"
+                )
+
+
+def _check_rank(model: nn.Module, lora: LoraConfig) -> None:
+    """A rank above a layer's smaller side adds parameters but no capacity: refused."""
+    adapted = [(n, m.base_layer) for n, m in model.named_modules() if hasattr(m, "lora_A")]
+    if not adapted:
+        return
+    name, layer = min(adapted, key=lambda item: min(item[1].weight.shape))
+    limit = min(layer.weight.shape)
+    if lora.rank > limit:
+        shape = "x".join(str(d) for d in layer.weight.shape)
+        raise ConfigError(
+            f"model.lora.rank={lora.rank} is larger than the layer {name} ({shape}): an "
+            f"adapter's rank can be at most its smaller side, {limit}. Use "
+            f"model.lora.rank={limit} or less, or leave that layer out of "
+            "model.lora.target_modules."
+        )
+
+
 def add_adapters(model: nn.Module, lora: LoraConfig, keep: tuple[str, ...] = ()) -> None:
     """Inject fresh adapters (B = 0, so the model's outputs are unchanged) and freeze the rest;
     the modules named in `keep` stay trainable whole."""
+    _check_targets(model, lora, keep)
     try:
         model.add_adapter(_peft_config(lora, keep))
-        dropout_off(model)
-    except ValueError as err:  # peft: "Target modules {...} not found in the base model"
-        names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m) is nn.Linear}
-        names.discard("lm_head")
-        why = "matches no layer of this model" if "not found" in str(err) else str(err)
+    except ValueError as err:  # what peft refuses beyond the checks above
         raise ConfigError(
-            f"model.lora.target_modules=[{','.join(lora.target_modules)}] {why}: its linear "
-            f"layers are {', '.join(sorted(names))}; or use [{ALL_LINEAR}]."
+            f"model.lora.target_modules=[{','.join(lora.target_modules)}]: {err}"
         ) from None
+    _check_rank(model, lora)
+    dropout_off(model)
 
 
 def load_adapters(model: nn.Module, directory: Path) -> None:

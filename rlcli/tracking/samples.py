@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,8 +44,17 @@ def sample_rows(step: int, samples: Sequence, advantages: dict) -> list[dict]:
     return rows
 
 
+def _printable(char: str) -> str:
+    # Model text reaches the terminal: an escape sequence (ESC, CSI) would move the cursor,
+    # recolour or retitle it, and a format character (U+202E) reorder the line. Shown as
+    # escapes instead, as repr would.
+    if unicodedata.category(char) in ("Cc", "Cf"):
+        return char.encode("unicode_escape").decode("ascii")
+    return char
+
+
 def _cell(text: str, width: int) -> str:
-    flat = " ".join(str(text).split())
+    flat = "".join(map(_printable, " ".join(str(text).split())))
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
