@@ -80,9 +80,10 @@ def _job(raw, work) -> None:
     from transformers.utils import logging as hf_logging
 
     from rlcli.config import ConfigError
-    from rlcli.config.validate import validate
+    from rlcli.validate import validate
+    from rlcli.rollout.servers import WorkerLost
     from rlcli.tracking.console import job_log
-    from rlcli.train.guard import EXIT_CODES, RunStopped
+    from rlcli.train.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped
     from rlcli.train.run_dir import claim, record_config
 
     # rlcli draws its own progress bar; transformers' per-load bars would bury it.
@@ -111,6 +112,9 @@ def _job(raw, work) -> None:
         except RunStopped as stop:
             print(f"\nrlcli: {stop}", file=sys.stderr)
             sys.exit(stop.exit_code)
+        except WorkerLost as err:  # eval, filter, pairs on workers (train saves and says so)
+            print(f"\nrlcli: {err}", file=sys.stderr)
+            sys.exit(EXIT_WORKER_LOST)
         except KeyboardInterrupt:
             # Interrupted before the loop's guard was up, or a second Ctrl-C inside it.
             print(
@@ -206,7 +210,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
 
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.overrides import check_overrides, check_syntax
-    from rlcli.config.validate import with_default_sampler
+    from rlcli.validate import with_default_sampler
     from rlcli.recipes import check_recipe_choices, register_recipes
 
     # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how). An

@@ -124,8 +124,8 @@ def check_recipe_choices(overrides: Sequence[str], root: Path = RECIPES_DIR) -> 
 
 
 def compose(overrides: Sequence[str] = ()) -> Config:
-    """rlcli.config.compose with the recipes registered: compose(["recipe=cpu/dapo_qwen32b"])."""
-    from rlcli.config import validate as config
+    """rlcli.validate.compose with the recipes registered: compose(["recipe=cpu/dapo_qwen32b"])."""
+    from rlcli import validate as config
 
     register_recipes()
     check_recipe_choices(overrides)

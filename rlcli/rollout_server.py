@@ -2,24 +2,50 @@
 from (`sampler.urls=[http://this-node:PORT]`) and pushes weights to.
 
 It takes the same overrides as `rlcli train` (model, sampler, trainer.dtype), prints the
-`vllm serve` command it runs, and replaces itself with it, so the worker is plain vLLM.
+`vllm serve` command it runs, and replaces itself with it, so the worker is plain vLLM. A
+port it cannot listen on is a ConfigError before then: vLLM would find out only after
+loading the model, with a traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
+import socket
 
-from rlcli.config import Config
+from rlcli.config import Config, ConfigError
+
+HOST = "0.0.0.0"  # every interface: the learners are on other nodes
+
+
+def check_port(port: int) -> None:
+    """ConfigError unless this process could listen on `port` (as uvicorn does, with
+    SO_REUSEADDR, so a port left in TIME_WAIT by a stopped worker counts as free)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError as err:
+            why = {
+                errno.EADDRINUSE: "is in use on this machine (another rollout worker or server "
+                "listens there)",
+                errno.EACCES: "needs root (ports below 1024 are privileged)",
+            }.get(err.errno, f"cannot be listened on ({err.strerror})")
+            raise ConfigError(
+                f"sampler.serve_port={port} {why}; choose a free port with "
+                "sampler.serve_port=PORT (1024-65535) and name it in the learner's sampler.urls."
+            ) from None
 
 
 def serve(cfg: Config, run_dir) -> None:
     from rlcli.rollout.servers import server_command
     from rlcli.runtime.models import resolve_model_path
 
+    check_port(cfg.sampler.serve_port)  # before minutes of model conversion
     model_path = resolve_model_path(cfg.model, cfg.trainer.seed)  # a GGUF is converted once
     dtype = cfg.trainer.dtype
-    argv, env = server_command(model_path, dtype, cfg.sampler, cfg.sampler.serve_port, "0.0.0.0")
+    argv, env = server_command(model_path, dtype, cfg.sampler, cfg.sampler.serve_port, HOST)
     print(
         "rlcli: starting a rollout worker:\n  VLLM_SERVER_DEV_MODE=1 python " + shlex.join(argv[1:])
     )

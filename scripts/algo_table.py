@@ -9,7 +9,7 @@ model, `reward=space_rate`) and prints a Markdown table:
 import argparse
 import time
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from tests.conftest import TINY_ANY_ALGO

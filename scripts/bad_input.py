@@ -85,6 +85,11 @@ class BadInput:
     env: Callable[[Path], dict] | None = None  # a fresh process with this environment
 
 
+def no_bwrap_env(tmp: Path) -> dict:
+    """A PATH without bubblewrap's `bwrap`, as on a machine that lacks the package."""
+    return {**os.environ, "PATH": str(tmp)}
+
+
 def no_vllm_env(tmp: Path) -> dict:
     """vLLM is installed here, so a `sitecustomize` hides it (sys.modules["vllm"] = None makes
     importlib report it missing), as on a machine without it. The one simulated case."""
@@ -94,10 +99,15 @@ def no_vllm_env(tmp: Path) -> dict:
     return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
 
 
+TOOLS_PY = "def shout(text):\n    return text.upper()\n"
+CORPUS_LINE = '{"title": "Velmora", "text": "The lighthouse is 42 m tall."}\n'
+
+
 BAD_INPUTS = [
     BadInput("unknown group choice", ["algo=nope"],
-             "algo=nope is not one of the valid choices for algo: dapo, dcpo, dpo, dr_grpo, "
-             "dupo, grpo, gspo, gspo_token, ppo, rloo."),
+             "algo=nope is not one of the valid choices for algo: cispo, clip_cov, dapo, dcpo, "
+             "dpo, dr_grpo, dupo, gmpo, gpg, grpo, gspo, gspo_token, kl_cov, luspo, opo, ppo, "
+             "reinforce_pp, reinforce_pp_baseline, rloo, sapo."),
     BadInput("unknown key", ["trainer.max_stpes=3"],
              "trainer.max_stpes is not a config key: trainer has no 'max_stpes'. Did you mean "
              "trainer.max_steps?"),
@@ -168,6 +178,64 @@ BAD_INPUTS = [
              {"adapters": None, "adapters/adapter_config.json": "{}"}),
     BadInput("hub repo id that is not one", ["trainer.push_to_hub=not a repo"],
              "trainer.push_to_hub=not a repo is not a hub repo id"),
+    BadInput("LoRA all-linear mixed with layer names",
+             ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"],
+             "model.lora.target_modules=[all-linear,q_proj] mixes all-linear with layer names"),
+    BadInput("a LoRA layer name that matches nothing beside one that does",
+             ["model.lora.rank=4", "model.lora.target_modules=[q_proj,qkv]"],
+             "model.lora.target_modules=[q_proj,qkv]: qkv matches no layer of this model"),
+    BadInput("LoRA on an output head tied to the embedding",
+             ["model.lora.rank=4", "model.lora.target_modules=[lm_head]"],
+             "model.lora.target_modules=[lm_head]: lm_head is tied: it shares its weight with "
+             "model.embed_tokens."),
+    BadInput("LoRA rank larger than the layer", ["model.lora.rank=65"],
+             "model.lora.rank=65 is larger than the layer model.layers.0.self_attn.q_proj "
+             "(64x64): an adapter's rank can be at most its smaller side, 64."),
+    BadInput("empty hub repo id", ["trainer.push_to_hub=''"],
+             "trainer.push_to_hub='' is empty: give the hub repo"),
+    BadInput("override Hydra cannot parse", ["trainer.lr=[1,"],
+             "'trainer.lr=[1,' is not a valid override (no viable alternative at input '[1,')"),
+    BadInput("python tool without bubblewrap", ["env=python"],
+             "is not installed here: install the package `bubblewrap`", env=no_bwrap_env),
+    BadInput("unknown sandbox", ["env=python", "env.sandbox=docker"],
+             "env.sandbox='docker' is not a sandbox: bwrap (bubblewrap, the default) or none"),
+    BadInput("user tool file that does not exist",
+             ["env=calculator", "env.tools=[nonexistent.py:fn]"],
+             "env.tools entry 'nonexistent.py:fn' cannot be used: no such file "),
+    BadInput("user tool without a file", ["env=calculator", "env.tools=[:fn]"],
+             "env.tools entry ':fn' is not a tool: calculator, python, search, or a function"),
+    BadInput("user tool function that is missing",
+             ["env=calculator", "env.tools=[{tmp}/tools.py:whisper]"],
+             "env.tools entry '{tmp}/tools.py:whisper' cannot be used: {tmp}/tools.py has no "
+             "function 'whisper'", {"tools.py": TOOLS_PY}),
+    BadInput("user tool module that raises on import",
+             ["env=calculator", "env.tools=[{tmp}/boom.py:shout]"],
+             "cannot be used: importing {tmp}/boom.py failed: ",
+             {"boom.py": "raise RuntimeError('no licence server')\n"}),
+    BadInput("python tool memory limit of 0", ["env=python", "env.python_memory_mb=0"],
+             "env.python_memory_mb=0 must be at least 1."),
+    BadInput("search results per query of 0",
+             ["env=search", "env.corpus={tmp}/c.jsonl", "env.search_top_k=0"],
+             "env.search_top_k=0 must be at least 1.", {"c.jsonl": CORPUS_LINE}),
+    BadInput("corpus without a text field", ["env=search", "env.corpus={tmp}/c.jsonl"],
+             'env.corpus={tmp}/c.jsonl: line 2 has no "text" string',
+             {"c.jsonl": CORPUS_LINE + '{"title": "Orrin"}\n'}),
+    BadInput("corpus with a bad JSON line", ["env=search", "env.corpus={tmp}/c.jsonl"],
+             "env.corpus={tmp}/c.jsonl: line 1 is not valid JSON",
+             {"c.jsonl": "{'text': 'single quotes'}\n"}),
+    BadInput("empty corpus", ["env=search", "env.corpus={tmp}/c.jsonl"],
+             "env.corpus={tmp}/c.jsonl holds no documents", {"c.jsonl": "\n"}),
+    BadInput("rollout worker URL that is not one", ["sampler=vllm", "sampler.urls=[not-a-url]"],
+             "sampler.urls=[not-a-url]: 'not-a-url' is not an http(s) URL; a rollout worker is "
+             "named by its HTTP address, http://HOST:PORT or https://HOST:PORT"),
+    BadInput("rollout worker URL of another scheme",
+             ["sampler=vllm", "sampler.urls=[ftp://node-b/w]"],
+             "'ftp://node-b/w' uses ftp://, not http:// or https://"),
+    BadInput("rollout worker timeout of 0", ["sampler.worker_timeout_s=0"],
+             "sampler.worker_timeout_s=0.0 is not allowed: it is the seconds a rollout worker "
+             "may take to start, answer or take new weights, so it must be > 0"),
+    BadInput("rollout-server port out of range", ["sampler.serve_port=70000"],
+             "sampler.serve_port=70000 is not a TCP port: choose one in 1-65535"),
 ]  # fmt: skip
 
 
@@ -385,6 +453,173 @@ def reward_function_that_misbehaves(tmp: Path) -> str | None:
     return None if 0 < errors < 32 else f"reward/errors over the run: {errors} of 32"
 
 
+def finished_run_rerun_with_a_push_offline(tmp: Path) -> str | None:
+    """The command of a finished run run again with trainer.push_to_hub, offline.
+    The finished run would push its checkpoint: offline it exits 2 saying so before anything
+    loads, and the checkpoint is intact."""
+    run_dir = tmp / "run"
+    rlcli(run_dir)
+    result = rlcli(run_dir, "trainer.push_to_hub=me/x")
+    if result.code != 2 or "HF_HUB_OFFLINE is set" not in result.last_line:
+        return f"not a clear error: {result.code} {result.last_line} {result.traceback}"
+    intact = (run_dir / "checkpoints" / "step_1" / "model.safetensors").is_file()
+    return None if intact else "the checkpoint is gone"
+
+
+def export_to_a_full_disk(tmp: Path) -> str | None:
+    """`rlcli export` onto a disk without room for the model.
+    It exits 2 naming the directory, and leaves no half-written model there."""
+    from rlcli.validate import compose
+    from rlcli.runtime.models import resolve_model_path
+
+    cfg = compose(["model=tiny"])
+    model = resolve_model_path(cfg.model, cfg.trainer.seed)
+    err, code = io.StringIO(), 0
+    with small_disk(tmp / "disk", 4) as disk:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                main(["export", model, str(disk / "out")])
+            except SystemExit as exit_:
+                code = exit_.code
+            except Exception:  # noqa: BLE001 - an escaped exception is what we look for
+                return f"a traceback:\n{traceback.format_exc()}"
+        left = sorted(p.name for p in disk.iterdir())
+    line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
+    if code != 2 or f"{disk / 'out'} cannot be written" not in line:
+        return f"not a clear error: {code} {line}"
+    return None if not left else f"left on the disk: {left}"
+
+
+@contextlib.contextmanager
+def broken_worker(status: int, kind: str, body: str):
+    """A stand-in for a rollout worker gone wrong: an http.server on 127.0.0.1 (a free port)
+    that answers every request with `status` and `body`."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's names
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(status)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body.encode())))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _worker_lost_cleanly(result: Result, url: str, run_dir: Path) -> str | None:
+    """None when rlcli stopped with exit 4 and a message naming the worker, no traceback."""
+    if result.traceback:
+        return f"a traceback:\n{result.traceback}"
+    if result.code != 4 or f"rlcli: rollout worker 0 ({url})" not in result.stderr:
+        return f"not a clear exit 4: {result.code} {result.stderr[-800:]}"
+    return "it wrote checkpoints" if (run_dir / "checkpoints").exists() else None
+
+
+def rollout_worker_that_is_none(tmp: Path) -> str | None:
+    """A rollout worker in sampler.urls that answers HTML, `{}` or HTTP 500, or is not there.
+    It exits 4 before training, naming the worker and what it answered (a 5xx or a refused
+    connection is retried with backoff first); no checkpoint is written."""
+    from rlcli.rollout.servers import free_port
+
+    answers = {
+        "html": (200, "text/html", "<html><body>Welcome to nginx!</body></html>"),
+        "empty": (200, "application/json", "{}"),
+        "500": (500, "application/json", '{"error": "Internal Server Error"}'),
+    }
+    for name, answer in answers.items():
+        with broken_worker(*answer) as url:
+            result = rlcli(tmp / name, "sampler=vllm", f"sampler.urls=[{url}]")
+        if problem := _worker_lost_cleanly(result, url, tmp / name):
+            return f"{name}: {problem}"
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result = rlcli(tmp / "refused", "sampler=vllm", f"sampler.urls=[{url}]")
+    if problem := _worker_lost_cleanly(result, url, tmp / "refused"):
+        return f"refused: {problem}"
+    return None
+
+
+def rollout_server_on_a_port_in_use(tmp: Path) -> str | None:
+    """`rlcli rollout-server` on a port another process listens on.
+    It exits 2 naming the port, before it loads the model or starts vLLM."""
+    import socket
+
+    started = []
+    real_exec, os.execvpe = os.execvpe, lambda *args: started.append(args)  # never vLLM here
+    err, code = io.StringIO(), 0
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            argv = ["rollout-server", "model=tiny", f"sampler.serve_port={port}",
+                    f"hydra.run.dir={tmp / 'run'}"]  # fmt: skip
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                try:
+                    main(argv)
+                except SystemExit as exit_:
+                    code = exit_.code
+                except Exception:  # noqa: BLE001 - an escaped exception is what we look for
+                    return f"a traceback:\n{traceback.format_exc()}"
+    finally:
+        os.execvpe = real_exec
+    line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
+    if started or code != 2 or f"sampler.serve_port={port} is in use" not in line:
+        return f"not a clear error: {code} {line} (vLLM started: {bool(started)})"
+    return None
+
+
+def worker_killed_in_the_weight_push(tmp: Path) -> str | None:
+    """A local rollout worker killed (SIGKILL) while the learner pushes step 2's weights.
+    It exits 4 naming the worker, with step 2 written (metrics, samples) and saved as done;
+    the resumed run goes on at step 3, so every step is in metrics.jsonl once."""
+    import signal
+
+    from rlcli.rollout.workers import ParameterSource, WorkerSampler
+
+    samplers, pushes = [], []
+    push, parameters = WorkerSampler._push, ParameterSource.__iter__
+
+    def counted_push(self, policy):
+        samplers.append(self)
+        pushes.append(len(pushes) + 1)  # 1: the setup's, then one per step
+        return push(self, policy)
+
+    def dying_parameters(self):
+        for k, named in enumerate(parameters(self)):
+            if pushes == [1, 2, 3] and k == 2:  # step 2's push, a few tensors in
+                os.killpg(samplers[-1].local.processes[0].pid, signal.SIGKILL)
+            yield named
+
+    WorkerSampler._push, ParameterSource.__iter__ = counted_push, dying_parameters
+    run_dir, workers = tmp / "run", ["sampler=vllm", "sampler.workers=1"]
+    try:
+        lost = rlcli(run_dir, *workers, "trainer.max_steps=3")
+        resumed = rlcli(run_dir, *workers, "trainer.max_steps=4", "trainer.resume=auto")
+    finally:
+        WorkerSampler._push, ParameterSource.__iter__ = push, parameters
+        for sampler in dict.fromkeys(samplers):
+            sampler.close()
+    if lost.traceback or lost.code != 4 or "stopped after step 2" not in lost.stderr:
+        return f"not a clear exit 4: {lost.code} {lost.stderr[-800:]} {lost.traceback}"
+    if resumed.code != 0 or _metrics_steps(run_dir) != [1, 2, 3, 4]:
+        return f"the steps logged are {_metrics_steps(run_dir)} ({resumed.stderr[-800:]})"
+    return None
+
+
 FAULTS: list[Callable[[Path], str | None]] = [
     reward_function_that_misbehaves,
     second_run_in_the_same_directory,
@@ -395,6 +630,11 @@ FAULTS: list[Callable[[Path], str | None]] = [
     disk_full_while_saving,
     read_only_run_directory,
     finished_run_started_again,
+    finished_run_rerun_with_a_push_offline,
+    export_to_a_full_disk,
+    rollout_worker_that_is_none,
+    rollout_server_on_a_port_in_use,
+    worker_killed_in_the_weight_push,
 ]
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.runtime import distributed
 from rlcli.runtime.models import compute_dtype
 from rlcli.tracking.metrics import read_metrics

@@ -24,7 +24,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.ops.logprobs import chunked_logprob_entropy
 from rlcli.runtime.models import resolve_model_path
 

@@ -27,7 +27,7 @@ import torch
 
 
 def setup(rank: int):
-    from rlcli.config.validate import compose
+    from rlcli.validate import compose
     from rlcli.data import load_splits
     from rlcli.data.problems import render_prompt
     from rlcli.runtime.lora import add_adapters

@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.data.problems import render_prompt
 from rlcli.rollout.hf import HFSampler
 from rlcli.train.run import setup

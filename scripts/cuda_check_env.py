@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.rollout.batch import rollout_from_tokens
 from rlcli.train.learner import lm_token_logprobs
 from rlcli.train.run import setup

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.data import load_splits
 from rlcli.rewards.sampling import sample_and_score
 from rlcli.rewards.scorer import Scorer

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("rewards", ["rlcli.rewards"]),
     ("tracking", ["rlcli.tracking"]),
     ("train", ["rlcli.train"]),
-    ("validation", ["rlcli.config.validate"]),
+    ("validation", ["rlcli.validate"]),
     (
         "commands",
         [

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from rlcli.config import ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.recipes import check_recipe_choices, register_recipes
 from rlcli.sweep import interval_cell, write_summary
 

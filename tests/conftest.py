@@ -35,7 +35,7 @@ def tiny_overrides():
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
     """The tiny model's directory in the cache (built on first use)."""
-    from rlcli.config.validate import compose
+    from rlcli.validate import compose
     from rlcli.runtime.models import resolve_model_path
 
     cfg = compose(["model=tiny"])

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from rlcli.config.validate import section
+from rlcli.validate import section
 from rlcli.rollout.batch import rollout_from_tokens, select_rows
 from rlcli.runtime import distributed
 from rlcli.runtime.models import load_causal_lm

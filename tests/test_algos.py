@@ -6,7 +6,7 @@ The algos are found by walking conf/algo, so a new config is covered automatical
 import pytest
 
 from rlcli.config import CONF_DIR
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from tests.conftest import TINY_ANY_ALGO
@@ -25,6 +25,17 @@ EXTRA = {
     # PPO: the critic starts knowing nothing, so it needs a gentler learning rate than the
     # policy's 1e-2, Monte-Carlo returns (lam=1) and two updates per batch to learn in 40 steps.
     "ppo": ["algo.beta=0.001", "algo.critic_lr=3e-3", "algo.lam=1.0", "trainer.mini_batches=2"],
+    # In float32. With one update per batch GMPO's gradient is GRPO's (a float32 run of each
+    # gives the same rewards at every step, 0.99 by step 25), but in bfloat16 the rounding
+    # of this random model's log-probs sent GMPO (0.36) and Clip-Cov (0.31) elsewhere by
+    # step 25; float32 shows what the objective does.
+    "gmpo": ["trainer.bf16_autocast=false"],
+    "clip_cov": ["trainer.bf16_autocast=false"],
+    "reinforce_pp_baseline": ["trainer.bf16_autocast=false"],
+    # Unnormalised advantages (R - b, spread ~0.05) drown under GRPO's KL: as Dr.GRPO, no KL.
+    "opo": ["trainer.bf16_autocast=false", "algo.beta=0"],
+    # KL in the token rewards, as for RLOO above: a small beta.
+    "reinforce_pp": ["trainer.bf16_autocast=false", "algo.beta=0.001"],
 }
 # DAPO saturates the toy reward at 0.999 by step 18 (seed 0); once every group is all-equal
 # dynamic sampling has nothing to train on and stops the run, so it gets 16 steps.

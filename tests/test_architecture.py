@@ -24,7 +24,7 @@ def test_importing_rlcli_and_training_with_hf_leave_vllm_alone(tmp_path):
 import os, sys
 from pathlib import Path
 import rlcli.cli, rlcli.evaluate, rlcli.filter, rlcli.pairs, rlcli.train.loop
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.train.loop import train
 train(compose(["model=tiny", "sampler=hf", "trainer.max_steps=1", "trainer.prompts_per_step=2",
                "trainer.group_size=2", "sampler.max_new_tokens=4", "logger.progress=false"]),

@@ -9,7 +9,7 @@ import pytest
 from yaml import safe_load
 
 from rlcli.config import CONF_DIR, Config, ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 
 
 def group_choices():

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rlcli.config import CONF_DIR, ConfigError, DataConfig
-from rlcli.config.validate import section
+from rlcli.validate import section
 from rlcli.data import DATASETS, load_splits
 from rlcli.data.countdown import MAX_EXPRESSION_CHARS, countdown_problem, countdown_score
 from rlcli.data.generated import arith_splits

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlcli.config.validate import section
+from rlcli.validate import section
 from rlcli.runtime.models import load_causal_lm
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.batch import TrainBatch

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.data import load_splits
 from rlcli.pairs import best_vs_worst
 from rlcli.train.dpo import encode_pairs, pair_metrics, sequence_logprobs, setup, train_step

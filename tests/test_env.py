@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.config.validate import compose, section
+from rlcli.validate import compose, section
 from rlcli.env.calls import CALL_END, parse_call
 from rlcli.env.episode import Turn
 from rlcli.env.sandbox import OUTPUT_BYTES, run_function, run_python
@@ -94,7 +94,7 @@ def test_a_user_tool_that_raises_shows_the_users_own_error(tmp_path):
     (tmp_path / "tools.py").write_text("def lookup(key):\n    return {'a': 1}[key]\n")
     failed = run_function(f"{tmp_path}/tools.py:lookup", "b", 10)
     assert failed.error and failed.text.endswith("KeyError: 'b'"), failed.text
-    assert "tools.py\", line 2, in lookup" in failed.text and "sandbox_child" not in failed.text
+    assert 'tools.py", line 2, in lookup' in failed.text and "sandbox_child" not in failed.text
 
 
 # --- the python tool's sandbox ----------------------------------------------------------------

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.data import load_splits
 from rlcli.train.held_out import evaluate, pass_at_k, pass_at_ks
 from rlcli.train.run import setup

@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from rlcli.config.validate import compose, section
+from rlcli.validate import compose, section
 from rlcli.data import load_splits
 from rlcli.filter import verdicts
 from tests.test_train import rlcli

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.ops.policy_loss import AGGREGATIONS
 from rlcli.rollout.batch import response_mask_from
 from rlcli.train.batch import TrainBatch

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlcli.cli import main as rlcli
 from rlcli.config import CONF_DIR, ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.data.problems import render_prompt
 from rlcli.runtime.lora import (
     adapters_off,

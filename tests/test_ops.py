@@ -480,7 +480,7 @@ def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one()
     # min(exp(learner - sampler), cap). When the batch was sampled with the learner's own
     # weights (staleness 0, no rounding gap) the weight is exactly 1, so the loss and its
     # gradient equal those of the synchronous objective bit for bit.
-    from rlcli.config.validate import section
+    from rlcli.validate import section
     from rlcli.ops.objective import policy_objective
     from rlcli.train.learner import objective_from_config
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.checkpoint import list_checkpoints, load_checkpoint
 from rlcli.train.guard import EXIT_BAD_STEPS, RunStopped

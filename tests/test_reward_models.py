@@ -237,7 +237,7 @@ def test_prm_scores_feed_grpo_process_advantages(model_dirs, tokenizer):
 
 
 def tiny_run(*overrides):
-    from rlcli.config.validate import compose
+    from rlcli.validate import compose
     from rlcli.train.run import setup
 
     return setup(

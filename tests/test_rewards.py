@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs, SasTracker, grpo_advantages
 from rlcli.rewards.rules import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
 from rlcli.rewards.scorer import Sample, Scorer

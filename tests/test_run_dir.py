@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.config import ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train import loop
 from rlcli.train.checkpoint import IN_PROGRESS, damage, list_checkpoints

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.rewards.rules import space_rate
 from rlcli.rewards.scorer import Scores
 from rlcli.rollout.batch import concat_rollouts, select_rows

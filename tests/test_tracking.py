@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.config import ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.sweep import write_summary
 from rlcli.tracking.metrics import read_metrics
 from rlcli.tracking.plots import PANELS, draw_curves, panel_lines, series

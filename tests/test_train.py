@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.rewards.rules import space_rate
 from rlcli.train.run import setup
 from rlcli.train.step import collect_batch, train_step

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.config.validate import compose
+from rlcli.validate import compose
 from rlcli.data.problems import render_prompt
 from rlcli.runtime.models import has_fast_bf16, smollm2_dir
 from rlcli.train.learner import batch_logprobs

@@ -1,10 +1,10 @@
-"""The config: its schema at the bottom of the house, its validation above the registries.
+"""The config's schema, at the bottom of the house (its validation, which reads every registry,
+is `rlcli.validate`, above them).
 
 `schema` holds the typed dataclasses every room reads (`Config`, `AlgoConfig`, ...) and
 `ConfigError`; it imports nothing of rlcli, so any module may import it (this package
-re-exports it). `validate` checks a composed Hydra config against the schema and the
-registries (`validate`, `compose`); only the entry points import it. `overrides` checks a
-command line's keys and group choices before Hydra composes, from the schema alone.
+re-exports it). `overrides` checks a command line's keys and group choices before Hydra
+composes, from the schema alone.
 Defaults live in `conf/` alone, each field documented by the comment above it there.
 """
 

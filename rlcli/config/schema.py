@@ -4,13 +4,14 @@ Fields are documented once, by the comment above each of them in `conf/**/*.yaml
 holds every default (`conf/<group>_base.yaml` has all of a group's fields): here every field is
 MISSING, so a value the YAML does not give is an error, not a second default. This module
 fixes the types. It imports nothing of rlcli, so every room may read the config (validation
-is `config.validate`, above the registries).
+is `rlcli.validate`, above the registries).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -32,7 +33,10 @@ class AlgoConfig:
     advantage: str = MISSING
     ratio: str = MISSING
     clip: str = MISSING
-    surrogate: str = MISSING
+    loss: str = MISSING
+    loss_settings: dict[str, Any] = MISSING
+    advantage_settings: dict[str, Any] = MISSING
+    top_entropy: float = MISSING
     eps_low: float = MISSING
     eps_high: float = MISSING
     dual_clip: float | None = MISSING

@@ -11,16 +11,14 @@ function of one `AdvantageInputs`, returning (advantages, returns or None).
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from rlcli.ops.pieces import Piece, registrar
+from rlcli.ops.sas import SasState, SasTracker, sas_advantages  # noqa: F401 - DCPO's, re-exported
+
 GRPO_EPS = 1e-6
-# A std at or below this counts as 0 in SAS: the running update of mean/var leaves
-# rounding noise (~1e-17) where the exact answer is 0, and dividing by it would turn
-# a constant prompt into +-1 advantages.
-_ZERO_STD = 1e-8
 
 
 def _zero_constant_groups(adv: Tensor, rewards: Tensor) -> Tensor:
@@ -121,80 +119,6 @@ def _gae_packed(
     return advantages, (advantages + values) * mask
 
 
-class SasState(NamedTuple):
-    """Running statistics of one prompt's rewards for DCPO's SAS.
-
-    count: visits so far; mean, var: population mean and variance of all rewards seen.
-    """
-
-    count: int
-    mean: float
-    var: float
-
-
-def _standardise(rewards: Tensor, mean: float, var: float) -> Tensor:
-    std = var**0.5
-    if std <= _ZERO_STD:  # "a term whose sigma is 0 is 0"
-        return torch.zeros_like(rewards)
-    return (rewards - mean) / std
-
-
-def sas_advantages(rewards: Tensor, state: SasState | None) -> tuple[Tensor, SasState]:
-    """DCPO Smooth Advantage Standardization (Yang et al. 2025, sec. 3.3).
-
-    At visit i of a prompt (i = 1 when ``state`` is None) blend the advantage from this
-    visit's rewards, ``A_new = (R - mu_new) / sigma_new``, with the one from every reward
-    seen for the prompt, ``A_total = (R - mu_total) / sigma_total``:
-    ``SA_new = (i-1)/i A_new + 1/i A_total``, ``SA_total = 1/i A_new + (i-1)/i A_total``,
-    and keep elementwise the one with the smaller magnitude. sigma is the population std;
-    the running update assumes the same G at every visit.
-    rewards: ``[G]`` -> (advantages ``[G]``, the prompt's new state).
-    """
-    r64 = rewards.detach().double()
-    mu_new = r64.mean().item()
-    var_new = r64.var(correction=0).item()
-    count, mu_old, var_old = state if state is not None else (0, 0.0, 0.0)
-    i = count + 1
-    mu_total = (mu_new + (i - 1) * mu_old) / i
-    var_total = (var_new + (i - 1) * var_old) / i + ((i - 1) / i**2) * (mu_old - mu_new) ** 2
-
-    adv_new = _standardise(r64, mu_new, var_new)
-    adv_total = _standardise(r64, mu_total, var_total)
-    sa_new = (i - 1) / i * adv_new + adv_total / i
-    sa_total = adv_new / i + (i - 1) / i * adv_total
-    final = torch.where(sa_new.abs() < sa_total.abs(), sa_new, sa_total)
-    return final.to(rewards.dtype), SasState(i, mu_total, var_total)
-
-
-class SasTracker:
-    """Per-prompt SAS state across training steps; the only stateful object in ``ops``.
-
-    A prompt id appearing twice in one call counts as two successive visits.
-    """
-
-    def __init__(self) -> None:
-        self.states: dict[str, SasState] = {}
-
-    def __call__(self, prompt_ids: list[str], rewards: Tensor) -> Tensor:
-        """prompt_ids: P ids; rewards: ``[P, G]`` -> advantages ``[P, G]``."""
-        if len(prompt_ids) != rewards.shape[0]:
-            raise ValueError(f"{len(prompt_ids)} prompt ids for {rewards.shape[0]} groups")
-        rows = []
-        for pid, group in zip(prompt_ids, rewards, strict=True):
-            adv, self.states[pid] = sas_advantages(group, self.states.get(pid))
-            rows.append(adv)
-        return torch.stack(rows)
-
-    def state_dict(self) -> dict:
-        """JSON-able snapshot: ``{"states": {prompt_id: [count, mean, var]}}``."""
-        return {"states": {pid: [s.count, s.mean, s.var] for pid, s in self.states.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.states = {
-            pid: SasState(int(c), float(m), float(v)) for pid, (c, m, v) in state["states"].items()
-        }
-
-
 def grpo_process_advantages(step_rewards: Tensor, step_end_mask: Tensor) -> Tensor:
     """GRPO with process supervision (DeepSeekMath, sec. 4.1.3).
 
@@ -241,6 +165,7 @@ class AdvantageInputs:
     gamma: float = 1.0  # gae
     lam: float = 0.95  # gae
     whiten: bool = True  # gae: mean 0, std 1 over the batch's response tokens
+    lengths: Tensor | None = None  # [B] tokens each response holds, before any filter (opo)
 
     @property
     def sequence_rewards(self) -> Tensor:
@@ -292,6 +217,33 @@ def outcome(estimator: Callable[[Tensor, list[str]], Tensor]) -> Estimator:
     return entry
 
 
+ADVANTAGES: dict[str, Piece] = {}
+# `@register_advantage(name, needs=...)`: a function of one `AdvantageInputs` (named `x`) and
+# its settings (keyword-only, with defaults) returning (advantages [B] or [B, T], returns or
+# None); `needs` as in `ops.pieces`.
+register_advantage = registrar(ADVANTAGES, ("x",))
+
+
+def _outcome_entry(name: str, estimator: Callable[[Tensor, list[str]], Tensor], doc: str):
+    def entry(x: AdvantageInputs):
+        return outcome(estimator)(x)
+
+    entry.__doc__ = doc
+    register_advantage(name, needs=("groups", "response_advantage"))(entry)
+
+
+_outcome_entry("grpo", lambda r, ids: grpo_advantages(r), "GRPO: (R - mean) / (std + 1e-6).")
+_outcome_entry("dr_grpo", lambda r, ids: dr_grpo_advantages(r), "Dr.GRPO: R - mean, no std.")
+_outcome_entry("rloo", lambda r, ids: rloo_advantages(r), "RLOO: R - the others' mean.")
+
+
+@register_advantage("dcpo_sas", needs=("groups", "response_advantage"))
+def dcpo_sas(x: AdvantageInputs):
+    """DCPO's SAS: smoothed over the visits of each prompt (x.sas holds the state)."""
+    return outcome(lambda rewards, ids: x.sas(ids, rewards))(x)
+
+
+@register_advantage("gae", needs=("critic",))
 def gae_advantages(x: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """PPO: GAE over ``token_rewards`` and the critic's values -> (advantages, returns).
 
@@ -306,6 +258,7 @@ def gae_advantages(x: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return advantages, returns
 
 
+@register_advantage("grpo_process", needs=("groups", "step_rewards"))
 def process_advantages(x: AdvantageInputs) -> tuple[Tensor, None]:
     """GRPO with process supervision, group by group, from ``step_rewards``.  # [B, T]"""
     ends = ~x.step_rewards.isnan()
@@ -315,13 +268,63 @@ def process_advantages(x: AdvantageInputs) -> tuple[Tensor, None]:
     return torch.cat([grpo_process_advantages(r, e) for r, e in per_group]), None
 
 
-ADVANTAGES: dict[str, Estimator] = {
-    "grpo": outcome(lambda rewards, ids: grpo_advantages(rewards)),
-    "dr_grpo": outcome(lambda rewards, ids: dr_grpo_advantages(rewards)),
-    "rloo": outcome(lambda rewards, ids: rloo_advantages(rewards)),
-    # DCPO: stateful per prompt id, smoothed over the visits of that prompt (inputs.sas).
-    "dcpo_sas": lambda x: outcome(lambda rewards, ids: x.sas(ids, rewards))(x),
-    # Token-level: PPO's (with a learned value model) and GRPO with process rewards.
-    "gae": gae_advantages,
-    "grpo_process": process_advantages,
-}
+# --- the peers' estimators (ALGORITHMS.md Part 2) ----------------------------------------------
+
+
+def whiten_tokens(values: Tensor, mask: Tensor) -> Tensor:
+    """(v - mean) / sqrt(var + 1e-8) over every masked token of the batch, each weighing one,
+    var Bessel-corrected; 0 off the mask, and everywhere when fewer than 2 tokens count."""
+    m = mask.bool()
+    if int(m.sum()) < 2:
+        return torch.zeros_like(values)
+    values = values.float()
+    picked = values[m]
+    whitened = (values - picked.mean()) / torch.sqrt(picked.var() + 1e-8)
+    return torch.where(m, whitened, 0.0)
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp(x: AdvantageInputs):
+    """REINFORCE++ (arXiv 2501.03262): returns of PPO's token rewards (gamma 1), whitened
+    over the batch's tokens; no critic, no groups."""
+    rewards = x.token_rewards * x.mask
+    returns = rewards.flip(-1).cumsum(-1).flip(-1)  # G_t = sum_{s >= t} r_s
+    return whiten_tokens(returns, x.mask), None
+
+
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline(x: AdvantageInputs):
+    """REINFORCE++-baseline: R minus its group's mean (a group of one: minus 0), on each
+    token, whitened over the batch's tokens."""
+    groups = x.sequence_rewards.view(-1, x.group_size)
+    baseline = groups.nanmean(-1, keepdim=True) if x.group_size > 1 else torch.zeros_like(groups)
+    centred = (groups - baseline).flatten().nan_to_num(0.0)  # failed rewards: masked anyway
+    return whiten_tokens(centred[:, None].expand(x.mask.shape), x.mask), None
+
+
+@register_advantage("opo", needs=("groups", "response_advantage"))
+def opo(x: AdvantageInputs):
+    """OPO (arXiv 2505.23585): R - b, b the group's length-weighted mean reward (lengths
+    before any filter masks a response)."""
+    rewards = x.sequence_rewards.view(-1, x.group_size)
+    lengths = x.lengths.to(rewards.dtype).view(-1, x.group_size)
+    scored = ~rewards.isnan()
+    weights = lengths * scored
+    total = (weights * rewards.nan_to_num(0.0)).sum(-1, keepdim=True)
+    baseline = total / weights.sum(-1, keepdim=True).clamp(min=1)
+    return torch.where(scored, rewards - baseline, 0.0).flatten(), None
+
+
+@register_advantage("gpg", needs=("groups", "response_advantage"))
+def gpg(x: AdvantageInputs):
+    """GPG (arXiv 2504.02546): alpha (R - group mean), alpha = B / max(1, B - M) with M the
+    responses in groups whose rewards are all equal (the paper's count, not verl's R != 0)."""
+    groups = x.sequence_rewards.view(-1, x.group_size)
+    centred = outcome(lambda rewards, ids: dr_grpo_advantages(rewards))(x)[0]
+    scored = ~groups.isnan()
+    low = torch.where(scored, groups, torch.inf).amin(-1)
+    high = torch.where(scored, groups, -torch.inf).amax(-1)
+    flat = (low == high) | (scored.sum(-1) < 2)  # no gradient from these groups
+    total = float(groups.numel())
+    alpha = total / max(1.0, total - float(flat.sum()) * x.group_size)
+    return alpha * centred, None

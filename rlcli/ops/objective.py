@@ -1,18 +1,19 @@
 """The policy loss assembled from its pieces: one function over tensors, no config and no model.
 
-`Objective` holds the piece chosen on each axis (ratio level, clip bounds, surrogate, KL
-estimator, aggregation: the registries of `ops.policy_loss`) and the coefficients;
-`policy_objective` applies them to one micro-batch. `train.learner.objective_from_config`
-builds an `Objective` from `algo.*` and `sampler.*`.
+`Objective` holds the piece chosen on each axis (ratio level, clip bounds, KL estimator and
+aggregation from the registries of `ops.policy_loss`, the per-token loss from `ops.losses`)
+with its settings and the coefficients; `policy_objective` applies them to one micro-batch.
+`train.learner.objective_from_config` builds an `Objective` from `algo.*` and `sampler.*`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from rlcli.ops.pieces import Piece
 from rlcli.ops.policy_loss import StepCounts, kl_k3, truncated_is_weights
 
 
@@ -22,14 +23,24 @@ class Objective:
 
     ratio: Callable  # RATIOS: (logp, old_logp, mask) -> [B, T]
     bounds: Callable  # CLIP_BOUNDS with its widths bound: old_logp -> (lo, hi)
-    surrogate: Callable  # SURROGATES: (ratio, adv, lo, hi, dual_clip) -> (loss, low, high, dual)
+    loss: Piece  # LOSSES (or the user's): keyword inputs -> (loss [B, T] or [B], metrics)
     kl: Callable | None  # None: no KL term (beta = 0)
     aggregate: Callable
     beta: float
     dual_clip: float | None
     entropy_coef: float
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    loss_settings: dict = field(default_factory=dict)  # over the loss's own defaults
+    select: Callable | None = None  # the loss's mini-batch token selection (Clip-Cov, KL-Cov)
+    top_entropy: float = 0.0  # only this share of tokens, highest entropy first, trains (0: off)
     temperature: float = 1.0  # the policy is softmax(logits / temperature), as sampled
     tis_cap: float | None = None  # weight tokens by min(exp(old - sampler), cap); None: off
+
+    @property
+    def needs_minibatch_stats(self) -> bool:
+        """Whether the learner computes the mini-batch's log-probs and entropies first."""
+        return self.select is not None or self.top_entropy > 0
 
 
 def policy_objective(
@@ -42,26 +53,47 @@ def policy_objective(
     entropy: Tensor,  # [B, T]
     counts: StepCounts,  # of the whole optimiser step (all micro-batches)
     sampler_logp: Tensor | None = None,  # [B, T] from the sampler, when it is not the learner
+    selected: Tensor | None = None,  # [B, T] bool, obj.select's tokens of the mini-batch
+    trained: Tensor | None = None,  # [B, T] bool, the top-entropy tokens (obj.top_entropy > 0)
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step's loss, and token sums of its diagnostics.
 
-    loss = aggregate(-w*min(r*A, clip(r)*A) + beta*KL - entropy_coef*H); the aggregation
-    divides by the whole step's counts so summing over micro-batches gives the big-batch loss.
-    w = min(exp(old_logp - sampler_logp), tis_cap) when obj.tis_cap is set (truncated
-    importance sampling: the sampler, not the learner's old policy, drew the tokens), else 1.
+    loss = aggregate(w * l + beta*KL - entropy_coef*H), l the chosen loss piece (PPO's
+    -min(r*A, clip(r)*A) by default), counted only on `trained` tokens when top-entropy
+    training is on; the aggregation divides by the whole step's counts so summing over
+    micro-batches gives the big-batch loss. A loss per response (GMPO, LUSPO) is averaged
+    over the step's responses that train, and the KL and entropy terms are then added with
+    the chosen aggregation. w = min(exp(old_logp - sampler_logp), tis_cap) when obj.tis_cap
+    is set (truncated importance sampling: the sampler, not the learner's old policy, drew
+    the tokens), else 1.
     """
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     ratio = obj.ratio(logp, old_logp, mask)
     lo, hi = obj.bounds(old_logp)
-    per_token, low, high, dual = obj.surrogate(ratio, adv, lo, hi, obj.dual_clip)
     m = mask.to(logp.dtype)
-    if sampler_logp is not None and obj.tis_cap is not None:
+    per_token, own = obj.loss.run(
+        obj.loss_settings,
+        logp=logp,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        advantages=adv.expand_as(logp),
+        mask=m,
+        entropy=entropy,
+        ratio=ratio,
+        lo=lo,
+        hi=hi,
+        eps_low=obj.eps_low,
+        eps_high=obj.eps_high,
+        dual_clip=obj.dual_clip,
+        selected=selected,
+    )
+    if sampler_logp is not None and obj.tis_cap is not None and per_token.dim() == 2:
         per_token = per_token * truncated_is_weights(old_logp, sampler_logp, obj.tis_cap)
+    if trained is not None:
+        per_token = per_token * trained.to(per_token.dtype)
     log_ratio = (logp - old_logp).detach()
     sums = {
-        "clip/low": (low * m).sum(),
-        "clip/high": (high * m).sum(),
-        "clip/dual": (dual * m).sum(),
+        **{key: value.detach() for key, value in own.items()},
         "entropy": (entropy.detach() * m).sum(),
         # KL(old || new) by the k3 estimator on tokens sampled from old: how far updates moved.
         "policy/approx_kl": ((log_ratio.exp() - 1 - log_ratio) * m).sum(),
@@ -70,6 +102,12 @@ def policy_objective(
         # Sampler/learner mismatch on the sampled tokens; KL(sampler || learner) by k3.
         sums["rollout/logp_abs_diff"] = ((old_logp - sampler_logp).abs() * m).sum()
         sums["rollout/kl"] = (kl_k3(sampler_logp, old_logp) * m).sum()
+    if per_token.dim() == 1:  # one loss per response: their mean over the responses that train
+        trains = (m.sum(-1) > 0).to(per_token.dtype)
+        response_loss = (per_token * trains).sum() / max(float(counts.seqs), 1.0)
+        per_token = 0.0 * logp  # the KL and entropy terms below, aggregated as chosen
+    else:
+        response_loss = None
     if obj.kl is not None:
         kl = obj.kl(logp, ref_logp)
         per_token = per_token + obj.beta * kl
@@ -77,4 +115,4 @@ def policy_objective(
     if obj.entropy_coef:
         per_token = per_token - obj.entropy_coef * entropy
     loss = obj.aggregate(per_token, mask, counts)
-    return loss, sums
+    return (loss if response_loss is None else response_loss + loss), sums

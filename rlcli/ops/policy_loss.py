@@ -1,9 +1,9 @@
 """Pieces of the policy objective (ALGORITHMS.md, "Importance ratios" to "KL").
 
 The loss is assembled from independent choices, each a registry of small functions:
-ratio level (``RATIOS``), clip rule (``CLIP_BOUNDS``), surrogate (``SURROGATES``), KL
-estimator (``KL_ESTIMATORS``) and loss aggregation (``AGGREGATIONS``). Shapes: B responses,
-T tokens; ``mask`` is 1 on tokens that count in the loss.
+ratio level (``RATIOS``), clip rule (``CLIP_BOUNDS``), KL estimator (``KL_ESTIMATORS``) and
+loss aggregation (``AGGREGATIONS``); the per-token losses (``LOSSES``) are in ``ops.losses``.
+Shapes: B responses, T tokens; ``mask`` is 1 on tokens that count in the loss.
 """
 
 from dataclasses import dataclass
@@ -106,10 +106,8 @@ def clipped_surrogate(
     return loss, is_low, is_high, is_dual
 
 
-# The surrogate axis: (ratio, advantages, lo, hi, dual_clip) -> (loss [B, T], clipped-low,
-# clipped-high, dual flags [B, T]). A new policy loss (CISPO, SAPO, ...) is one function here
-# with this signature, one line below and one conf/algo YAML naming it in `algo.surrogate`.
-SURROGATES = {"ppo_clip": clipped_surrogate}
+# The per-token losses built on it (ppo_clip, luspo, clip_cov) and the others (CISPO, SAPO,
+# ...) are registered in `ops.losses`, where `algo.loss` picks them.
 
 
 # --- KL estimators (Schulman 2020, "Approximating KL divergence") -----------------------
@@ -132,6 +130,25 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+# Ziegler et al. 2019 clip the controller's proportional error to +-0.2 so one noisy step's KL
+# moves beta by at most 20% of n / horizon.
+KL_ERROR_CLIP = 0.2
+
+
+def adaptive_kl_beta(beta: float, kl: float, target: float, n: int, horizon: int) -> float:
+    """The adaptive KL controller (Ziegler et al. 2019, sec. 2.2): beta moved towards the
+    target KL, ``beta * (1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon)`` for a step of
+    ``n`` responses."""
+    error = max(-KL_ERROR_CLIP, min(KL_ERROR_CLIP, kl / target - 1))
+    return beta * (1 + error * n / horizon)
+
+
+def kl_reward_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
+    """InstructGPT's KL in the reward: ``beta * k1`` on each response token, 0 off the mask.
+    # [B, T]"""
+    return beta * kl_k1(logp, ref_logp) * mask
+
 
 # --- aggregation: (loss, mask, counts, norm_len) -> scalar ----------------------------------
 # All four share one signature (so callers pass every count) and ignore what they don't use.

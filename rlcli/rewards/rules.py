@@ -1,16 +1,43 @@
-"""Rule-based rewards: pure functions of one response (and its ground truth) to a float.
+"""Rule-based rewards: pure functions of one response (and its ground truth) to a float,
+each registered here under its `reward.components` name (`@rule("name")`).
 
-No I/O, no config, no models. `rlcli.scoring` looks them up by component name, mixes them
-with weights, and isolates their failures; reward and process reward models live in
-`rlcli.reward_models`.
+No I/O, no config, no models. A rule's parameters name what it reads, by keyword: the
+`response`, the problem's `answer`, `reward.pattern` as `pattern`, or any field of the
+problem's record (countdown's `numbers` and `target`). `rewards.scorer` calls them, mixes
+them with weights and isolates their failures; reward and process reward models live in
+`rewards.models`.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
+from collections.abc import Callable
 
 from math_verify import parse, verify
+
+from rlcli.data.countdown import countdown_score
+
+RULES: dict[str, Callable[..., float]] = {}
+
+
+def rule(name: str):
+    """Register a rule as the reward component `name`."""
+
+    def add(fn: Callable[..., float]) -> Callable[..., float]:
+        if name in RULES:
+            raise ValueError(f"a reward rule named {name!r} is registered already")
+        RULES[name] = fn
+        return fn
+
+    return add
+
+
+def call_rule(fn: Callable[..., float], available: dict) -> float:
+    """`fn` called with the values its parameters name, out of `available`."""
+    return fn(**{k: available[k] for k in inspect.signature(fn).parameters})
+
 
 # math-verify warns once that its time limits are off; rlcli.scoring sets its own.
 for _name in ("math_verify.parser", "math_verify.grader"):
@@ -29,6 +56,7 @@ def _is_number(parsed: list) -> bool:
     )
 
 
+@rule("math")
 def accuracy(response: str, answer: str) -> float:
     """1.0 when the response's final answer equals the ground truth mathematically, else 0.0.
 
@@ -54,16 +82,19 @@ def accuracy(response: str, answer: str) -> float:
     return float(verify(gold, predicted, timeout_seconds=None))
 
 
+@rule("math_pm1")
 def signed_accuracy(response: str, answer: str) -> float:
     """DAPO's rule reward: +1 for a correct final answer, -1 otherwise (DAPO eq. 13)."""
     return 2.0 * accuracy(response, answer) - 1.0
 
 
+@rule("format")
 def format_match(response: str, pattern: str) -> float:
     """1.0 when the whole response matches the regex `pattern` (`.` also matches newlines)."""
     return float(re.fullmatch(pattern, response, flags=re.DOTALL) is not None)
 
 
+@rule("dcpo")
 def dcpo_score(response: str, answer: str, pattern: str) -> float:
     """DCPO's reward: -1 when the response breaks the format, else +1 correct / 0 wrong."""
     if not format_match(response, pattern):
@@ -71,6 +102,7 @@ def dcpo_score(response: str, answer: str, pattern: str) -> float:
     return accuracy(response, answer)
 
 
+@rule("space_rate")
 def space_rate(response: str) -> float:
     """Share of whitespace characters in the response: a toy reward a random model can learn.
 
@@ -78,3 +110,9 @@ def space_rate(response: str) -> float:
     far more. It needs no answer, so it works with any dataset.
     """
     return sum(c.isspace() for c in response) / len(response) if response else 0.0
+
+
+@rule("countdown")
+def countdown(response: str, numbers: list, target: int) -> float:
+    """Countdown's score (`data.countdown`): the equation uses the numbers and hits the target."""
+    return countdown_score(response, numbers, target)

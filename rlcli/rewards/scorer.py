@@ -17,7 +17,6 @@ import logging
 import math
 import signal
 import threading
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -25,10 +24,9 @@ import torch
 from torch import Tensor
 
 from rlcli.config import Config, ConfigError, RewardConfig
-from rlcli.data.countdown import countdown_score
 from rlcli.data.problems import Problem
 from rlcli.ops.policy_loss import overlong_penalty
-from rlcli.rewards.rules import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
+from rlcli.rewards.rules import RULES, call_rule
 from rlcli.rewards.worker import BadSpec, FunctionWorker, WorkerLost, as_score, describe
 
 log = logging.getLogger("rlcli")
@@ -46,17 +44,6 @@ class Sample:
     problem_id: str = ""  # the problem's id (a group's responses share it)
 
 
-# Per-sample rules: (sample, reward config) -> float.
-RULES: dict[str, Callable[[Sample, RewardConfig], float]] = {
-    "math": lambda s, cfg: accuracy(s.response, s.answer),
-    "math_pm1": lambda s, cfg: signed_accuracy(s.response, s.answer),
-    "format": lambda s, cfg: format_match(s.response, cfg.pattern),
-    "dcpo": lambda s, cfg: dcpo_score(s.response, s.answer, cfg.pattern),
-    "countdown": lambda s, cfg: countdown_score(
-        s.response, s.record["numbers"], s.record["target"]
-    ),
-    "space_rate": lambda s, cfg: space_rate(s.response),
-}
 # Components that score the whole batch: the user's function and the two reward models.
 BATCHED = ("python", "reward_model", "process")
 COMPONENTS = sorted([*RULES, *BATCHED])
@@ -181,7 +168,9 @@ class Scorer:
         for sample in samples:
             try:
                 with time_limit(self.cfg.timeout_s):
-                    scores.append(as_score(rule(sample, self.cfg)))
+                    available = {**sample.record, "response": sample.response,
+                                 "answer": sample.answer, "pattern": self.cfg.pattern}  # fmt: skip
+                    scores.append(as_score(call_rule(rule, available)))
             except (Exception, RewardTimeout) as err:
                 errors.append(_failure(name, err))
                 scores.append(math.nan)

@@ -1,7 +1,9 @@
 """Rollout worker processes: the `vllm serve` command rlcli starts (`server_command`), the
 local processes it runs and watches (`LocalWorkers`), and vLLM's weight-sync control calls
-made on every worker at once (`WorkerClients`). `WorkerLost` is what a dead or silent worker
-becomes. The sampler that uses them is `rollout.workers`; `rlcli rollout-server` starts one
+made on every worker at once (`WorkerClients`). `WorkerLost` is what a dead, silent or
+misbehaving worker becomes; `worker_session` retries a worker's transient HTTP failures
+first, and `check_worker_settings` refuses worker settings that cannot work before anything
+starts. The sampler that uses them is `rollout.workers`; `rlcli rollout-server` starts one
 worker for learners elsewhere.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,18 +20,131 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 import torch
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from rlcli.config import ConfigError, SamplerConfig
 
 
 class WorkerLost(RuntimeError):
-    """A rollout worker died or stopped answering; the message names it and what to do.
-    `after_update` is set when the learner had already taken the step's update."""
+    """A rollout worker died, stopped answering or answered nonsense; the message names it
+    and what to do."""
 
-    after_update = False
+    # Set when the learner had already taken the step's update: that step's metrics and the
+    # responses it scored, which the loop writes before it saves the step as done.
+    step_metrics: dict | None = None
+    step_samples: list | tuple = ()
+
+
+# A worker's transient HTTP failures (a refused connection while it restarts, a 429 or 5xx
+# answer from it or a proxy before it) are retried this many times, waiting 0, 2, 4, 8 x
+# RETRY_BACKOFF_S seconds between tries, before the worker is reported lost. A read timeout is
+# not retried: the worker has had sampler.worker_timeout_s already.
+RETRIES = 4
+RETRY_BACKOFF_S = 0.5
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+
+def worker_session() -> requests.Session:
+    """A requests session whose calls retry a worker's transient failures (urllib3's Retry)."""
+    retry = Retry(
+        total=RETRIES,
+        connect=RETRIES,
+        read=0,
+        status=RETRIES,
+        other=0,
+        status_forcelist=RETRY_STATUSES,
+        allowed_methods=None,  # POST too: generate and reset_prefix_cache can be asked again
+        backoff_factor=RETRY_BACKOFF_S,
+        raise_on_status=False,  # the last answer is returned, so its status can be named
+    )
+    session = requests.Session()
+    for scheme in ("http://", "https://"):
+        session.mount(scheme, HTTPAdapter(max_retries=retry))
+    return session
+
+
+def why_unreachable(err: requests.RequestException) -> str:
+    """The operating system's reason in a requests error ("Connection refused"), which
+    requests buries in a line about connection pools; else the error's kind."""
+    if isinstance(err, requests.Timeout):
+        return "no answer in time (a timeout)"
+    found = re.findall(r"\[Errno -?\d+\] ([^'\")\]]+)", str(err))
+    return found[-1].strip() if found else type(err).__name__
+
+
+def answer_snippet(response: requests.Response) -> str:
+    """What a worker answered, short and on one line, for an error message."""
+    kind = response.headers.get("content-type", "no content type").split(";")[0]
+    text = " ".join(response.text.split())
+    return f"{kind}, {text[:100]!r}{'...' if len(text) > 100 else ''}"
+
+
+def not_a_worker(session: requests.Session, url: str, timeout: float) -> str | None:
+    """None when `url` answers like a vLLM server (GET /v1/models: its list of models); else
+    what it does instead, for a WorkerLost before the first weight push, which would wait
+    sampler.worker_timeout_s for a worker that never joins."""
+    try:
+        response = session.get(f"{url}/v1/models", timeout=timeout)
+    except requests.RequestException as err:
+        return f"cannot be reached: {why_unreachable(err)} (tried {RETRIES + 1} times)"
+    if not response.ok:
+        snippet = answer_snippet(response)
+        return f"answered HTTP {response.status_code} to GET /v1/models ({snippet})"
+    try:
+        if isinstance(response.json()["data"], list):
+            return None
+    except (ValueError, KeyError, TypeError):  # not JSON, or not the model list
+        pass
+    return f"does not answer like a vLLM server: GET /v1/models gave {answer_snippet(response)}"
+
+
+def check_worker_settings(cfg: SamplerConfig) -> None:
+    """Refuse rollout-worker settings that cannot work (ConfigError), before anything starts:
+    sampler.urls that are not http(s) addresses, a timeout <= 0, a port outside 1-65535."""
+    given = f"sampler.urls=[{','.join(cfg.urls)}]"
+    for url in cfg.urls:
+        parts = urlsplit(url)
+        try:
+            port_ok = parts.port is None or parts.port > 0
+        except ValueError:  # not a number, or over 65535
+            port_ok = False
+        if parts.scheme in ("http", "https") and parts.hostname and port_ok:
+            continue
+        if parts.scheme in ("http", "https"):
+            what = "has a port outside 1-65535" if parts.hostname else "names no host"
+        elif "://" in url:
+            what = f"uses {parts.scheme}://, not http:// or https://"
+        else:
+            what = "is not an http(s) URL"
+        raise ConfigError(
+            f"{given}: {url!r} {what}; a rollout worker is named by its HTTP address, "
+            "http://HOST:PORT or https://HOST:PORT with a port in 1-65535 (e.g. "
+            "sampler.urls=[http://node-b:8000], for `rlcli rollout-server sampler.serve_port=8000` "
+            "started on node-b)."
+        )
+    urls = [url.rstrip("/") for url in cfg.urls]
+    if len(set(urls)) < len(urls):
+        twice = next(u for u in urls if urls.count(u) > 1)
+        raise ConfigError(
+            f"{given} names {twice} more than once; name each rollout worker once (one "
+            "learner cannot push weights to a worker twice)."
+        )
+    if not cfg.worker_timeout_s > 0:
+        raise ConfigError(
+            f"sampler.worker_timeout_s={cfg.worker_timeout_s} is not allowed: it is the seconds "
+            "a rollout worker may take to start, answer or take new weights, so it must be > 0 "
+            "(600 is the default)."
+        )
+    if not 1 <= cfg.serve_port <= 65535:
+        raise ConfigError(
+            f"sampler.serve_port={cfg.serve_port} is not a TCP port: choose one in 1-65535 "
+            "(8000 is the default; ports below 1024 need root)."
+        )
 
 
 def log_dir() -> Path:
@@ -208,7 +324,8 @@ class WorkerClients:
 
     The learner is rank 0 of the transfer group and worker i's ranks follow: with gloo (one
     rank each) it is told its `rank`; with NCCL its `rank_offset`, after the `ranks_per_worker`
-    of the workers before it."""
+    of the workers before it. These calls are not retried (`worker_session`): each joins or
+    feeds the transfer group's collectives, which a second try would join twice."""
 
     def __init__(self, urls: list[str], timeout: float, ranks_per_worker: int = 1):
         from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient

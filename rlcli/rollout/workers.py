@@ -14,12 +14,17 @@ learns, so the workers generate while the learner trains; `sync` first waits for
 batch, then pushes. The batch a step learns from is then one update old (staleness 1),
 never more, and the objective weighs it with the sampler's log-probs.
 
-A worker that dies or stops answering is a `WorkerLost` naming it; the training loop saves
-the last completed step before it reports it.
+Every worker named in sampler.urls must answer like a vLLM server before the first push
+(`not_a_worker`); HTTP calls retry transient failures (`worker_session`), and each generate
+answer is checked before it is trained on (`read_answer`: ids inside the model's vocabulary,
+one finite log-prob per token). A worker that dies, stops answering or answers nonsense is a
+`WorkerLost` naming it; the training loop saves the last completed step before it reports it.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -32,9 +37,13 @@ from rlcli.rollout.servers import (
     LocalWorkers,
     WorkerClients,
     WorkerLost,
+    answer_snippet,
     free_port,
     log_dir,
+    not_a_worker,
     transfer_backend,
+    why_unreachable,
+    worker_session,
 )
 from rlcli.rollout.vllm_engine import sampling_settings
 from rlcli.runtime import distributed
@@ -71,8 +80,9 @@ class WorkerSampler:
         device: torch.device,
     ):
         self.tokenizer, self.eos_ids, self.cfg, self.device = tokenizer, eos_ids, cfg, device
+        self.vocab = vocab_size(model_path, tokenizer)
         self.local = None
-        urls = list(cfg.urls)
+        urls = [url.rstrip("/") for url in cfg.urls]
         if distributed.is_main() and not urls:
             self.local = LocalWorkers(cfg.workers, model_path, dtype, cfg, log_dir())
             urls = self.local.urls
@@ -85,8 +95,18 @@ class WorkerSampler:
         self.background = ThreadPoolExecutor(max_workers=1)
         self.requests = ThreadPoolExecutor(max_workers=max(4 * len(urls), 1))
         self.transfer = None
+        self.session = worker_session()
         if self.local is not None:
             self.local.wait_ready(cfg.worker_timeout_s)
+        elif distributed.is_main():
+            for i, url in enumerate(self.urls):
+                if problem := not_a_worker(self.session, url, min(cfg.worker_timeout_s, 60)):
+                    raise WorkerLost(
+                        f"rollout worker {i} ({url}) {problem}. Each URL in sampler.urls must "
+                        "be a running `rlcli rollout-server` (started on that node with the "
+                        "learner's model); check that it runs and that the host and port are "
+                        "right."
+                    )
 
     # -- the Sampler protocol ---------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -200,13 +220,21 @@ class WorkerSampler:
             for i, ids in enumerate(encoded)
         ]
         prompt_tokens, responses, truncated, logps = [], [], [], []
-        for ids, job in zip(encoded, jobs, strict=True):
-            for choice in job.result()["choices"]:
-                tokens = choice["token_ids"]
+        for i, (ids, job) in enumerate(zip(encoded, jobs, strict=True)):
+            try:
+                choices = read_answer(job.result(), group_size, self.vocab, c.max_new_tokens)
+            except ValueError as err:
+                raise WorkerLost(
+                    self._lost(
+                        i % len(self.urls),
+                        f"answered a generate request with what cannot be trained on: {err}",
+                    )
+                ) from None
+            for tokens, cut, token_logps in choices:
                 prompt_tokens.append(ids)
                 responses.append(tokens)
-                truncated.append(choice["finish_reason"] == "length")
-                logps.append([step["logprob"] for step in choice["logprobs"]["content"]])
+                truncated.append(cut)
+                logps.append(token_logps)
         rollout = rollout_from_tokens(
             prompt_tokens,
             responses,
@@ -221,14 +249,23 @@ class WorkerSampler:
         return rollout, version
 
     def _post(self, url: str, route: str, body, worker: int | None = None) -> dict:
+        """POST `body` to a worker's route (transient failures retried); its JSON answer."""
+        i = self.urls.index(url) if worker is None else worker
         try:
-            response = requests.post(f"{url}/{route}", json=body, timeout=self.cfg.worker_timeout_s)
+            response = self.session.post(
+                f"{url}/{route}", json=body, timeout=self.cfg.worker_timeout_s
+            )
         except requests.RequestException as err:
-            i = self.urls.index(url) if worker is None else worker
-            raise WorkerLost(self._lost(i, f"stopped answering ({type(err).__name__})")) from err
+            why = f"stopped answering: {why_unreachable(err)}"
+            raise WorkerLost(self._lost(i, why)) from err
         if not response.ok:
-            raise RuntimeError(f"{url}/{route} answered {response.status_code}: {response.text}")
-        return response.json() if response.content else {}
+            why = f"answered HTTP {response.status_code} to /{route} ({answer_snippet(response)})"
+            raise WorkerLost(self._lost(i, why))
+        try:
+            return response.json() if response.content else {}
+        except ValueError:
+            why = f"answered /{route} with what is not JSON ({answer_snippet(response)})"
+            raise WorkerLost(self._lost(i, why)) from None
 
     def _guard(self, call, *args):
         """`call(*args)`, with a dead worker process reported as WorkerLost."""
@@ -240,7 +277,10 @@ class WorkerSampler:
             if self.local is not None:
                 for i in range(len(self.urls)):
                     self.local.check(i)
-            raise WorkerLost(self._lost(None, f"failed: {err}")) from err
+            # One paragraph: the first line of what failed (a gloo error runs to many).
+            what = next((line for line in str(err).splitlines() if line.strip()), "")
+            what = f"{type(err).__name__}: {what.strip()[:300]}"
+            raise WorkerLost(self._lost(None, f"failed ({what})")) from err
 
     def _lost(self, i: int | None, what: str) -> str:
         who = f"rollout worker {i} ({self.urls[i]})" if i is not None else "a rollout worker"
@@ -248,3 +288,62 @@ class WorkerSampler:
         if self.local is not None and i is not None:
             self.local.check(i)  # a process that ended says more than a refused connection
         return f"{who} {what}{log}."
+
+
+def vocab_size(model_path: str, tokenizer) -> int:
+    """Rows of the model's embedding (its config's vocab_size; at least the tokenizer's)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    size = getattr(config.get_text_config(), "vocab_size", None) or 0
+    return max(size, len(tokenizer))
+
+
+def read_answer(answer, n: int, vocab: int, max_tokens: int) -> list[tuple[list[int], bool, list]]:
+    """The `n` responses of a worker's generate answer as (token ids, truncated, log-prob of
+    each token), checked. Anything else is a ValueError saying what is wrong: an id past the
+    vocabulary would crash the learner, and log-probs one short, too many or NaN would train
+    on wrong numbers (the ratio and the KL are made from them token by token)."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list):
+        raise ValueError(f"the answer has no list of choices ({_short(answer)})")
+    if len(choices) != n:
+        raise ValueError(f"a prompt that asked for {n} responses got {len(choices)}")
+    responses = []
+    for choice in choices:
+        try:
+            tokens, finish = choice["token_ids"], choice["finish_reason"]
+            logps = [step["logprob"] for step in choice["logprobs"]["content"]]
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"a response lacks token_ids, finish_reason or logprobs.content ({_short(choice)})"
+            ) from None
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            raise ValueError(f"a response's token_ids are not a list of integers: {_short(tokens)}")
+        if outside := [t for t in tokens if not 0 <= t < vocab]:
+            raise ValueError(
+                f"token id {outside[0]} is outside the model's vocabulary (ids 0 to {vocab - 1}); "
+                "is the worker serving the learner's model?"
+            )
+        if len(tokens) > max_tokens:
+            raise ValueError(
+                f"a response of {len(tokens)} tokens is longer than sampler.max_new_tokens="
+                f"{max_tokens}"
+            )
+        if len(logps) != len(tokens):
+            raise ValueError(
+                f"a response of {len(tokens)} tokens came with {len(logps)} log-probs; exactly "
+                "one per token is needed"
+            )
+        for k, logp in enumerate(logps):
+            if type(logp) not in (int, float) or not math.isfinite(logp):
+                raise ValueError(
+                    f"the log-prob of token {k} of a response is {logp!r}, not a finite number"
+                )
+        responses.append((tokens, finish == "length", [float(x) for x in logps]))
+    return responses
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 100 else text[:100] + "..."

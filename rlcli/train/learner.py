@@ -16,20 +16,15 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from rlcli.config import AlgoConfig, SamplerConfig
+from rlcli.config import AlgoConfig, ConfigError, SamplerConfig
 from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
+from rlcli.ops.losses import SELECT, top_entropy_mask
 from rlcli.ops.objective import Objective, policy_objective
-from rlcli.ops.policy_loss import (
-    AGGREGATIONS,
-    CLIP_BOUNDS,
-    KL_ESTIMATORS,
-    RATIOS,
-    SURROGATES,
-    StepCounts,
-)
+from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS, StepCounts
 from rlcli.rollout.batch import Rollout
 from rlcli.runtime import distributed
 from rlcli.train.batch import TrainBatch
+from rlcli.train.pieces import loss_piece
 
 
 @dataclass(frozen=True)
@@ -44,16 +39,22 @@ class UpdatePlan:
 
 def objective_from_config(algo: AlgoConfig, sampler: SamplerConfig, norm_len: int) -> Objective:
     """The policy loss `algo.*` chooses, over the distribution `sampler.*` samples from."""
+    loss = loss_piece(algo.loss)
     return Objective(
         ratio=RATIOS[algo.ratio],
         bounds=partial(CLIP_BOUNDS[algo.clip], eps_low=algo.eps_low, eps_high=algo.eps_high),
-        surrogate=SURROGATES[algo.surrogate],
+        loss=loss,
         # KL in the reward (PPO) is applied to the rewards, not here.
         kl=KL_ESTIMATORS[algo.kl] if algo.beta > 0 and algo.kl_in == "loss" else None,
         aggregate=partial(AGGREGATIONS[algo.aggregation], norm_len=norm_len),
         beta=algo.beta,
         dual_clip=algo.dual_clip,
         entropy_coef=algo.entropy_coef,
+        eps_low=algo.eps_low,
+        eps_high=algo.eps_high,
+        loss_settings=dict(algo.loss_settings),
+        select=SELECT.get(loss.name) if "minibatch_stats" in loss.needs else None,
+        top_entropy=algo.top_entropy,
         temperature=sampler.temperature,
         tis_cap=sampler.tis_cap if sampler.old_logp == "sampler" else None,
     )
@@ -264,6 +265,9 @@ def learn(
         )
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
+        chosen = (
+            minibatch_choices(model, obj, batch, mini, plan) if obj.needs_minibatch_stats else {}
+        )
         parts = micro_batches(rollout, mini, plan.micro_batch_size, plan.max_tokens)
         for idx, ids, att, width, mask in parts:
             t = mask.shape[1]
@@ -285,6 +289,7 @@ def learn(
                 entropy,
                 counts,
                 sampled,
+                **{key: rows[idx, :t] for key, rows in chosen.items()},
             )
             loss.backward()
             loss = loss.detach()
@@ -313,12 +318,49 @@ def learn(
     metrics = {key: value / max(tokens, 1.0) for key, value in totals.items()}
     if aux is not None:
         metrics["ptx/loss"] = aux / plan.mini_batches
-    metrics["clip/frac"] = metrics["clip/low"] + metrics["clip/high"] + metrics["clip/dual"]
+    if "clip/low" in metrics:  # losses that clip (PPO's and its kin)
+        metrics["clip/frac"] = metrics["clip/low"] + metrics["clip/high"] + metrics["clip/dual"]
     metrics["loss"] = sum(losses) / len(losses)
     metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics["nonfinite/skipped_updates"] = float(skipped)
     metrics["batch/padding_frac"] = 1 - real / max(padded, 1)
     return metrics
+
+
+@torch.no_grad()
+def minibatch_choices(model, obj: Objective, batch: TrainBatch, mini: Tensor, plan: UpdatePlan):
+    """The tokens chosen over the whole mini-batch `mini` before its passes, so the choice does
+    not depend on how it is split: the loss's `select` (Clip-Cov, KL-Cov) and the top-entropy
+    tokens, from the current policy's log-probs and entropies (one extra pass without
+    gradient). Returns {"selected" / "trained": bool [B, T]} over the batch's rows."""
+    if distributed.world_size() > 1:
+        raise ConfigError(
+            f"algo.loss={obj.loss.name} and algo.top_entropy choose tokens over the whole "
+            "mini-batch, which is not gathered across torchrun ranks yet: run on one process."
+        )
+    rollout = batch.rollout
+    logp = torch.zeros(rollout.response_mask.shape, device=rollout.input_ids.device)
+    entropy = torch.zeros_like(logp)
+    for idx, ids, att, width, mask in micro_batches(
+        rollout, mini, plan.micro_batch_size, plan.max_tokens
+    ):
+        t = mask.shape[1]
+        lp, ent = token_logprobs(model, ids, att, width, True, obj.temperature)
+        logp[idx, :t], entropy[idx, :t] = lp.float(), ent.float()
+    mask = rollout.response_mask[mini].to(logp.dtype)
+    adv = batch.advantages[mini]
+    adv = (adv[:, None] if adv.dim() == 1 else adv).expand_as(mask)
+    old = logp[mini] if batch.old_logp is None else batch.old_logp[mini]
+    chosen = {}
+    if obj.select is not None:
+        settings = {**obj.loss.settings, **obj.loss_settings}
+        picked = obj.select(adv, logp[mini], old, mask, obj.eps_low, obj.eps_high, **settings)
+        chosen["selected"] = torch.zeros_like(rollout.response_mask, dtype=torch.bool)
+        chosen["selected"][mini] = picked
+    if obj.top_entropy > 0:
+        chosen["trained"] = torch.zeros_like(rollout.response_mask, dtype=torch.bool)
+        chosen["trained"][mini] = top_entropy_mask(entropy[mini], mask, obj.top_entropy)
+    return chosen
 
 
 def lm_loss(model, tokenizer, texts: list[str], max_length: int = 256) -> Tensor:

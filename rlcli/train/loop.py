@@ -47,7 +47,11 @@ class Trainer:
 
 def rl_train_step(run: rl.Run) -> tuple[dict[str, float], list]:
     with run.scorer.recording() as samples:
-        metrics = rl_step.train_step(run)
+        try:
+            metrics = rl_step.train_step(run)
+        except WorkerLost as lost:
+            lost.step_samples = samples  # those of a step lost after its update, to be written
+            raise
     return metrics, samples
 
 
@@ -91,7 +95,6 @@ TRAINERS: dict[str, Trainer] = {
 
 def worker_lost(lost: WorkerLost, run, trainer: Trainer, tracker, run_dir: Path) -> RunStopped:
     """Save the last completed step, then the message that ends the run."""
-    run.step += lost.after_update
     saved = trainer.save(run, run_dir)
     tracker.finish()
     return RunStopped(
@@ -111,6 +114,8 @@ def train(cfg: Config, run_dir: Path) -> Path:
     say = print if distributed.is_main() else lambda *_: None
     run_dir.mkdir(parents=True, exist_ok=True)
     main = distributed.is_main()
+    if main and t.push_to_hub is not None:
+        check_push(t.push_to_hub)  # first: a finished run rerun with a push pushes it (below)
     if main:
         for name in remove_incomplete(run_dir):
             say(f"rlcli: removed {name}, a checkpoint whose writing was interrupted")
@@ -125,15 +130,23 @@ def train(cfg: Config, run_dir: Path) -> Path:
                 f"trainer.max_steps={t.max_steps}; nothing to train. Raise trainer.max_steps "
                 "to train further."
             )
+            if main and t.push_to_hub is not None:
+                url = push(checkpoint, t.push_to_hub)
+                say(f"rlcli: pushed {checkpoint.name} to the hub: {url}")
             return run_dir / "metrics.jsonl"
         for line in check_resume(state.get("config"), cfg, checkpoint, state["step"]):
             say(line)
         event = f"resumed from {checkpoint} at step {state['step']}"
     if main:
-        if t.push_to_hub:
-            check_push(t.push_to_hub)
         record_config(run_dir, cfg, f"{event}: {resume_command(run_dir)}")
-    run = trainer.setup(cfg, checkpoint)
+    try:
+        run = trainer.setup(cfg, checkpoint)
+    except WorkerLost as lost:  # before this start trained anything: nothing new to save
+        raise RunStopped(
+            f"{lost} Nothing was trained in this start. Once the worker runs, start again "
+            f"with:\n  {resume_command(run_dir)}",
+            EXIT_WORKER_LOST,
+        ) from None
     if checkpoint is not None:
         say(f"rlcli: resuming from {checkpoint} (step {run.step})")
     world = distributed.world_size()
@@ -148,17 +161,28 @@ def train(cfg: Config, run_dir: Path) -> Path:
         tracker.write(line)
     with LoopGuard(t.max_bad_steps, tracker.write) as guard:
         while run.step < t.max_steps:
+            lost = None
             try:
                 metrics, samples = trainer.train_step(run)
-            except WorkerLost as lost:
-                raise worker_lost(lost, run, trainer, tracker, run_dir) from None
+            except WorkerLost as err:
+                if err.step_metrics is None:  # before the update: the step did not happen
+                    raise worker_lost(err, run, trainer, tracker, run_dir) from None
+                # In the weight push, after the update: the step happened. Its rows are written
+                # before the run stops with it saved, so a resume neither loses nor repeats it.
+                lost, metrics, samples = err, err.step_metrics, err.step_samples
             run.step += 1
             advantages = metrics.pop("_advantages", {})
             # Under torchrun: averaged over the ranks (times: the slowest rank's).
             metrics = distributed.mean_metrics({"step": run.step, **metrics})
-            metrics.update({f"eval/{k}": v for k, v in trainer.held_out(run).items()})
+            try:
+                if lost is None:
+                    metrics.update({f"eval/{k}": v for k, v in trainer.held_out(run).items()})
+            except WorkerLost as err:
+                lost = err  # the step's rows are written all the same, without the eval
             tracker.log(metrics, samples, advantages)
             guard.observe(run.step, metrics)
+            if lost is not None:
+                raise worker_lost(lost, run, trainer, tracker, run_dir) from None
             # Every rank stops at the same step, whichever of them was signalled.
             stopping = bool(distributed.all_max(int(guard.stopping)))
             due = t.save_every and run.step % t.save_every == 0
@@ -171,7 +195,7 @@ def train(cfg: Config, run_dir: Path) -> Path:
     say(f"rlcli: metrics in {tracker.path}")
     say(f"rlcli: curves in {curves}")
     say(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
-    if main and t.push_to_hub:
+    if main and t.push_to_hub is not None:
         say(f"rlcli: pushed {saved.name} to the hub: {push(saved, t.push_to_hub)}")
     distributed.shutdown()
     return tracker.path

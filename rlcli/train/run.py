@@ -45,6 +45,7 @@ from rlcli.train.checkpoint import (
 )
 from rlcli.train.critic import make_critic
 from rlcli.train.learner import TokenLogprobModel, objective_from_config
+from rlcli.train.pieces import advantage_piece
 from rlcli.train.run_dir import config_dict
 
 
@@ -119,7 +120,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         lora = cfg.model.lora.rank > 0
         reference = policy if lora else load_causal_lm(model_path, compute, device, False)
     critic = critic_optimizer = None
-    if algo.advantage == "gae":
+    if "critic" in advantage_piece(algo.advantage).needs:
         path, new_head = algo.critic_path or model_path, algo.critic_path is None
         critic = make_critic(path, t.dtype, device, new_head, cfg.model.lora, checkpoint)
         critic_optimizer = adamw(trainable(critic), algo.critic_lr or t.lr)

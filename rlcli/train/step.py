@@ -18,7 +18,8 @@ import torch
 from rlcli.config import ConfigError
 from rlcli.data.problems import render_prompt
 from rlcli.env import system_prompt
-from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
+from rlcli.ops.advantages import AdvantageInputs
+from rlcli.ops.policy_loss import adaptive_kl_beta, kl_reward_penalty
 from rlcli.rewards.sampling import sample_and_score
 from rlcli.rewards.scorer import Scores, nanmean
 from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
@@ -29,6 +30,7 @@ from rlcli.runtime.models import autocast
 from rlcli.train.batch import TrainBatch
 from rlcli.train.critic import batch_values, learn_critic
 from rlcli.train.learner import UpdatePlan, batch_logprobs, learn, lm_loss
+from rlcli.train.pieces import advantage_piece
 from rlcli.train.run import Run
 from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
 
@@ -186,14 +188,16 @@ def train_step(run: Run) -> dict[str, float]:
     # estimator; the estimators read it as a sequence or a per-token reward.
     kl_penalty = torch.zeros(rollout.response_mask.shape, device=run.device)
     if kl_in_reward:
-        kl_k1 = (old_logp - ref_logp) * rollout.response_mask
-        metrics["kl"] = (kl_k1.sum() / rollout.response_mask.sum().clamp(min=1)).item()
-        kl_penalty = run.beta * kl_k1
+        per_token = kl_reward_penalty(old_logp, ref_logp, rollout.response_mask, 1.0)
+        metrics["kl"] = (per_token.sum() / rollout.response_mask.sum().clamp(min=1)).item()
+        kl_penalty = run.beta * per_token
     logprobs_done = time.perf_counter()
 
     old_values = batch_values(run.critic, rollout, mbs) if run.critic is not None else None
-    advantages, returns = ADVANTAGES[algo.advantage](
-        AdvantageInputs(
+    estimator = advantage_piece(algo.advantage)
+    advantages, returns = estimator.run(
+        dict(algo.advantage_settings),
+        x=AdvantageInputs(
             scores=scores,
             kl_penalty=kl_penalty,
             mask=rollout.response_mask,
@@ -205,7 +209,8 @@ def train_step(run: Run) -> dict[str, float]:
             gamma=algo.gamma,
             lam=algo.lam,
             whiten=algo.whiten_advantages,
-        )
+            lengths=lengths,
+        ),
     )
     advantages = advantages.to(run.device)
     batch = TrainBatch(rollout, scores, advantages, old_logp, ref_logp, returns, old_values)
@@ -235,20 +240,19 @@ def train_step(run: Run) -> dict[str, float]:
                     )
                 )
     learned = time.perf_counter()
+    lost = None
     try:
         run.sampler.sync(run.policy)  # the next batch is sampled with the updated weights
-    except WorkerLost as lost:
-        lost.after_update = True  # this step's update is in the learner: save it as done
-        raise
+    except WorkerLost as err:
+        lost = err  # raised below, once the step's metrics are made
     synced = time.perf_counter()
     metrics.update(run.sampler.metrics())
 
     kl_now = epochs[-1].get("kl", metrics.get("kl"))
     if algo.kl_target and kl_now is not None and math.isfinite(kl_now):
-        # Adaptive KL controller (Ziegler et al. 2019): move beta towards the target KL.
-        error = max(-0.2, min(0.2, kl_now / algo.kl_target - 1))
-        run.beta *= 1 + error * len(rollout.texts) / algo.kl_horizon
-    return {
+        n = len(rollout.texts)
+        run.beta = adaptive_kl_beta(run.beta, kl_now, algo.kl_target, n, algo.kl_horizon)
+    step_metrics = {
         "reward/mean": nanmean(scores),
         "reward/std": scores[~missing].std().item() if (~missing).sum() > 1 else 0.0,
         **metrics,
@@ -273,3 +277,9 @@ def train_step(run: Run) -> dict[str, float]:
         # for samples.jsonl; identical responses to one problem get identical advantages.
         "_advantages": response_advantages(rollout, advantages),
     }
+    if lost is not None:
+        # This step's update is in the learner: the loop writes its metrics and saves it as
+        # done, so the resumed run neither loses nor repeats it.
+        lost.step_metrics = step_metrics
+        raise lost
+    return step_metrics

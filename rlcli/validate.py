@@ -1,6 +1,6 @@
 """Validating a composed config: types, unknown keys, allowed values, ranges, combinations.
 
-Above every registry, whose keys are the valid choices (`ADVANTAGES`, `RATIOS`, `SURROGATES`,
+Above every registry, whose keys are the valid choices (`ADVANTAGES`, `RATIOS`, `LOSSES`,
 `DATASETS`, `COMPONENTS`, `SAMPLERS`, `TRAINERS`, ...), below the entry points that call it.
 `validate` returns the typed config or raises `ConfigError` with a message meant for the user
 (cli.py prints it without a traceback); `compose` is the config `rlcli train OVERRIDES` would
@@ -26,18 +26,15 @@ def _choices() -> dict[str, list[str]]:
     """Allowed values of the string fields that pick a piece, read from the registries."""
     from rlcli.data import DATASETS
     from rlcli.data.records import ANSWER_FORMATS
-    from rlcli.ops.advantages import ADVANTAGES
-    from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS, SURROGATES
+    from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
     from rlcli.rollout.samplers import SAMPLERS
     from rlcli.train.loop import TRAINERS
 
     return {
-        "algo.advantage": sorted(ADVANTAGES),
         "algo.kl_in": ["loss", "reward"],
         "algo.objective": sorted(TRAINERS),
         "algo.ratio": sorted(RATIOS),
         "algo.clip": sorted(CLIP_BOUNDS),
-        "algo.surrogate": sorted(SURROGATES),
         "algo.kl": sorted(KL_ESTIMATORS),
         "algo.aggregation": sorted(AGGREGATIONS),
         "sampler.name": sorted(SAMPLERS),
@@ -72,7 +69,7 @@ def _check_reward(cfg: Config) -> None:
             f"reward.weights={list(r.weights)} must hold one finite number per component of "
             f"reward.components={list(r.components)} (or be null: every weight 1)."
         )
-    process, stepwise = "process" in r.components, cfg.algo.advantage == "grpo_process"
+    process, stepwise = "process" in r.components, needs(cfg, "step_rewards")
     if process and len(r.components) > 1:
         raise ConfigError(
             "reward=process scores steps, not whole responses, so it cannot be mixed with "
@@ -139,13 +136,9 @@ def _check_ranges(cfg: Config) -> None:
     from rlcli.runtime.lora import check_settings  # torch: not for the checks before Hydra
 
     check_settings(cfg.model.lora)
-    # Every estimator but PPO's critic-based gae compares responses within a group.
-    if cfg.algo.advantage != "gae" and t.group_size < 2:
-        raise ConfigError(
-            f"trainer.group_size={t.group_size} is too small for algo.advantage="
-            f"{cfg.algo.advantage}: group-normalised advantages compare responses to the same "
-            "prompt, so every response would get advantage 0. Use trainer.group_size=2 or more."
-        )
+    from rlcli.train.pieces import check_pieces  # torch: not for the checks before Hydra
+
+    check_pieces(cfg)
     batch = t.prompts_per_step * t.group_size
     if batch % t.mini_batches:
         raise ConfigError(
@@ -303,6 +296,13 @@ def _check_finite(value, key: str = "") -> None:
         )
 
 
+def needs(cfg: Config, what: str) -> bool:
+    """Whether the config's advantage estimator declares `what` among its needs."""
+    from rlcli.train.pieces import advantage_piece
+
+    return what in advantage_piece(cfg.algo.advantage).needs
+
+
 def _check_world(cfg: Config) -> None:
     """Under torchrun (WORLD_SIZE > 1): what data-parallel training supports."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -315,7 +315,7 @@ def _check_world(cfg: Config) -> None:
         )
     unsupported = {
         "algo=dpo": cfg.algo.name == "dpo",
-        "algo.advantage=gae (PPO's critic)": cfg.algo.advantage == "gae",
+        f"algo.advantage={cfg.algo.advantage} (a critic)": needs(cfg, "critic"),
         "algo.ptx_coef > 0": cfg.algo.ptx_coef > 0,
         "model.lora.rank > 0 (LoRA)": cfg.model.lora.rank > 0,
     }
@@ -347,8 +347,10 @@ def validate(raw: DictConfig) -> Config:
     _check_finite(cfg)
     _check_ranges(cfg)
     from rlcli.env.tools import check_env
+    from rlcli.rollout.servers import check_worker_settings
 
     check_env(cfg)
+    check_worker_settings(cfg.sampler)  # sampler.urls, worker_timeout_s, serve_port
     if cfg.sampler.async_rollout:
         # A batch one update old: the sampler, not the learner, is its behaviour policy.
         cfg.sampler.old_logp = "sampler"
