@@ -80,11 +80,11 @@ def _job(raw, work) -> None:
     from transformers.utils import logging as hf_logging
 
     from rlcli.config import ConfigError
-    from rlcli.validate import validate
     from rlcli.rollout.servers import WorkerLost
     from rlcli.tracking.console import job_log
     from rlcli.train.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped
     from rlcli.train.run_dir import claim, record_config
+    from rlcli.validate import validate
 
     # rlcli draws its own progress bar; transformers' per-load bars would bury it.
     hf_logging.disable_progress_bar()
@@ -210,8 +210,8 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
 
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.overrides import check_overrides, check_syntax
-    from rlcli.validate import with_default_sampler
     from rlcli.recipes import check_recipe_choices, register_recipes
+    from rlcli.validate import with_default_sampler
 
     # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how). An
     # unknown recipe, group choice or key is named here, with the valid ones, before Hydra

@@ -9,9 +9,9 @@ model, `reward=space_rate`) and prints a Markdown table:
 import argparse
 import time
 
-from rlcli.validate import compose
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from rlcli.validate import compose
 from tests.conftest import TINY_ANY_ALGO
 from tests.test_algos import ALGOS, EXTRA, STEPS
 

@@ -469,8 +469,8 @@ def finished_run_rerun_with_a_push_offline(tmp: Path) -> str | None:
 def export_to_a_full_disk(tmp: Path) -> str | None:
     """`rlcli export` onto a disk without room for the model.
     It exits 2 naming the directory, and leaves no half-written model there."""
-    from rlcli.validate import compose
     from rlcli.runtime.models import resolve_model_path
+    from rlcli.validate import compose
 
     cfg = compose(["model=tiny"])
     model = resolve_model_path(cfg.model, cfg.trainer.seed)

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import torch
 
-from rlcli.validate import compose
 from rlcli.runtime import distributed
 from rlcli.runtime.models import compute_dtype
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.loop import train
+from rlcli.validate import compose
 
 PHASES = ["sample", "reward", "logprobs", "advantages", "learn", "sync", "rollout_wait", "step"]
 

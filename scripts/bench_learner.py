@@ -24,9 +24,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
-from rlcli.validate import compose
 from rlcli.ops.logprobs import chunked_logprob_entropy
 from rlcli.runtime.models import resolve_model_path
+from rlcli.validate import compose
 
 ROWS, PROMPT, RESPONSE = 16, 50, 46
 

@@ -27,11 +27,11 @@ import torch
 
 
 def setup(rank: int):
-    from rlcli.validate import compose
     from rlcli.data import load_splits
     from rlcli.data.problems import render_prompt
     from rlcli.runtime.lora import add_adapters
     from rlcli.runtime.models import load_causal_lm, load_tokenizer, resolve_model_path
+    from rlcli.validate import compose
 
     cfg = compose([f"model.lora.rank={rank}"])
     path = resolve_model_path(cfg.model, 0)

@@ -14,10 +14,10 @@ import argparse
 import statistics
 import time
 
-from rlcli.validate import compose
 from rlcli.data.problems import render_prompt
 from rlcli.rollout.hf import HFSampler
 from rlcli.train.run import setup
+from rlcli.validate import compose
 
 
 def timed(fn, repeats: int) -> list[float]:

@@ -21,10 +21,10 @@ import time
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from rlcli.validate import compose
 from rlcli.data import load_splits
 from rlcli.rewards.rules import accuracy
 from rlcli.runtime.models import resolve_model_path
+from rlcli.validate import compose
 
 
 class StepTimer(TrainerCallback):

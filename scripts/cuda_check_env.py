@@ -10,11 +10,11 @@ import time
 
 import torch
 
-from rlcli.validate import compose
 from rlcli.rollout.batch import rollout_from_tokens
 from rlcli.train.learner import lm_token_logprobs
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from rlcli.validate import compose
 
 print("torch", torch.__version__, torch.cuda.get_device_name(0))
 base = [

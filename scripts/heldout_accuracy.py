@@ -16,13 +16,13 @@ import time
 
 import torch
 
-from rlcli.validate import compose
 from rlcli.data import load_splits
 from rlcli.rewards.sampling import sample_and_score
 from rlcli.rewards.scorer import Scorer
 from rlcli.rollout.batch import eos_token_ids
 from rlcli.rollout.vllm_engine import VLLMSampler
 from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
+from rlcli.validate import compose
 
 
 def main(overrides: list[str]) -> None:

@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.recipes import check_recipe_choices, register_recipes
 from rlcli.sweep import interval_cell, write_summary
+from rlcli.validate import compose
 
 
 def rlcli(*args: str) -> None:

@@ -35,8 +35,8 @@ def tiny_overrides():
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
     """The tiny model's directory in the cache (built on first use)."""
-    from rlcli.validate import compose
     from rlcli.runtime.models import resolve_model_path
+    from rlcli.validate import compose
 
     cfg = compose(["model=tiny"])
     return resolve_model_path(cfg.model, cfg.trainer.seed)

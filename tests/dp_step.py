@@ -13,12 +13,12 @@ import sys
 
 import torch
 
-from rlcli.validate import section
 from rlcli.rollout.batch import rollout_from_tokens, select_rows
 from rlcli.runtime import distributed
 from rlcli.runtime.models import load_causal_lm
 from rlcli.train.batch import TrainBatch
 from rlcli.train.learner import TokenLogprobModel, UpdatePlan, learn, objective_from_config
+from rlcli.validate import section
 
 
 def fixed_batch(vocab: int):

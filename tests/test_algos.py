@@ -6,9 +6,9 @@ The algos are found by walking conf/algo, so a new config is covered automatical
 import pytest
 
 from rlcli.config import CONF_DIR
-from rlcli.validate import compose
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from rlcli.validate import compose
 from tests.conftest import TINY_ANY_ALGO
 
 # DPO trains on preference pairs, not on a reward: tests/test_dpo.py covers it.

@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from rlcli.config import CONF_DIR, ConfigError, DataConfig
-from rlcli.validate import section
 from rlcli.data import DATASETS, load_splits
 from rlcli.data.countdown import MAX_EXPRESSION_CHARS, countdown_problem, countdown_score
 from rlcli.data.generated import arith_splits
 from rlcli.data.problems import PromptStream, render_prompt, write_records
 from rlcli.data.records import ANSWER_FORMATS, boxed_answer, gsm8k_answer, read_texts
 from rlcli.runtime.models import load_tokenizer, smollm2_dir
+from rlcli.validate import section
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GSM8K_ANSWERS = {"38", "210", "500", "1350", "9", "72"}

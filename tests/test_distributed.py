@@ -9,7 +9,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlcli.validate import section
 from rlcli.runtime.models import load_causal_lm
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.batch import TrainBatch
@@ -20,6 +19,7 @@ from rlcli.train.learner import (
     objective_from_config,
     plan_micro_batches,
 )
+from rlcli.validate import section
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dp_step import fixed_batch  # noqa: E402

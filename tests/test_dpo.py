@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.data import load_splits
 from rlcli.pairs import best_vs_worst
 from rlcli.train.dpo import encode_pairs, pair_metrics, sequence_logprobs, setup, train_step
+from rlcli.validate import compose
 from tests.test_train import rlcli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pairs.jsonl"

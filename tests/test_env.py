@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose, section
 from rlcli.env.calls import CALL_END, parse_call
 from rlcli.env.episode import Turn
 from rlcli.env.sandbox import OUTPUT_BYTES, run_function, run_python
@@ -22,6 +21,7 @@ from rlcli.env.tools import Search, Toolbox, calculator
 from rlcli.recipes import RECIPES_DIR
 from rlcli.rollout.multiturn import EpisodeSampler
 from rlcli.runtime.models import load_tokenizer
+from rlcli.validate import compose, section
 
 CORPUS = RECIPES_DIR / "data" / "search_corpus.jsonl"
 

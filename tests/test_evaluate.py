@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from rlcli.validate import compose
 from rlcli.data import load_splits
 from rlcli.train.held_out import evaluate, pass_at_k, pass_at_ks
 from rlcli.train.run import setup
 from rlcli.train.step import collect_batch
+from rlcli.validate import compose
 from tests.test_train import rlcli
 
 

@@ -5,9 +5,9 @@ import json
 
 import torch
 
-from rlcli.validate import compose, section
 from rlcli.data import load_splits
 from rlcli.filter import verdicts
+from rlcli.validate import compose, section
 from tests.test_train import rlcli
 
 # Always right on answers divisible by 3, never on those leaving 1; on the rest it depends

@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 import torch
 
-from rlcli.validate import compose
 from rlcli.ops.policy_loss import AGGREGATIONS
 from rlcli.rollout.batch import response_mask_from
 from rlcli.train.batch import TrainBatch
@@ -19,6 +18,7 @@ from rlcli.train.learner import (
     token_logprobs,
 )
 from rlcli.train.run import setup
+from rlcli.validate import compose
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlcli.cli import main as rlcli
 from rlcli.config import CONF_DIR, ConfigError
-from rlcli.validate import compose
 from rlcli.data.problems import render_prompt
 from rlcli.runtime.lora import (
     adapters_off,
@@ -31,6 +30,7 @@ from rlcli.train.learner import batch_logprobs
 from rlcli.train.loop import train
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from rlcli.validate import compose
 from tests.test_dpo import TINY_DPO
 
 ALGOS = sorted(p.stem for p in (CONF_DIR / "algo").glob("*.yaml") if p.stem != "dpo")

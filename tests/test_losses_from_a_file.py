@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from rlcli.validate import compose
 from tests.conftest import TINY_ANY_ALGO
 
 LOSS = "algo.loss=tests/fixtures/my_losses.py:covariance_penalty"

@@ -480,9 +480,9 @@ def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one()
     # min(exp(learner - sampler), cap). When the batch was sampled with the learner's own
     # weights (staleness 0, no rounding gap) the weight is exactly 1, so the loss and its
     # gradient equal those of the synchronous objective bit for bit.
-    from rlcli.validate import section
     from rlcli.ops.objective import policy_objective
     from rlcli.train.learner import objective_from_config
+    from rlcli.validate import section
 
     g = torch.Generator().manual_seed(3)
     old = -torch.rand(4, 6, generator=g) * 3

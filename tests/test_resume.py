@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlcli.validate import compose
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.checkpoint import list_checkpoints, load_checkpoint
 from rlcli.train.guard import EXIT_BAD_STEPS, RunStopped
 from rlcli.train.loop import train
+from rlcli.validate import compose
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = [

@@ -237,8 +237,8 @@ def test_prm_scores_feed_grpo_process_advantages(model_dirs, tokenizer):
 
 
 def tiny_run(*overrides):
-    from rlcli.validate import compose
     from rlcli.train.run import setup
+    from rlcli.validate import compose
 
     return setup(
         compose(

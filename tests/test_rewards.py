@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs, SasTracker, grpo_advantages
 from rlcli.rewards.rules import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
 from rlcli.rewards.scorer import Sample, Scorer
 from rlcli.train.shaping import informative_groups
+from rlcli.validate import compose
 
 THINK_ANSWER = compose(["reward=format"]).reward.pattern
 BOXED = compose(["reward=dcpo"]).reward.pattern

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train import loop
 from rlcli.train.checkpoint import IN_PROGRESS, damage, list_checkpoints
 from rlcli.train.loop import train
 from rlcli.train.run_dir import kind_of_field
+from rlcli.validate import compose
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["model=tiny", "sampler=hf", "reward=space_rate", "logger.progress=false",

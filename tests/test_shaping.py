@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.rewards.rules import space_rate
 from rlcli.rewards.scorer import Scores
 from rlcli.rollout.batch import concat_rollouts, select_rows
@@ -17,6 +16,7 @@ from rlcli.train.loop import train
 from rlcli.train.run import setup
 from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
 from rlcli.train.step import collect_batch, filter_values, train_step
+from rlcli.validate import compose
 
 
 def test_informative_groups_and_dupo_fill():

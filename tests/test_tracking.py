@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.sweep import write_summary
 from rlcli.tracking.metrics import read_metrics
 from rlcli.tracking.plots import PANELS, draw_curves, panel_lines, series
 from rlcli.train.loop import train
+from rlcli.validate import compose
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

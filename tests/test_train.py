@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from rlcli.validate import compose
 from rlcli.rewards.rules import space_rate
 from rlcli.train.run import setup
 from rlcli.train.step import collect_batch, train_step
+from rlcli.validate import compose
 
 
 @pytest.mark.parametrize("sampler", ["vllm", "hf"])

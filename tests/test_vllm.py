@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.data.problems import render_prompt
 from rlcli.runtime.models import has_fast_bf16, smollm2_dir
 from rlcli.train.learner import batch_logprobs
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from rlcli.validate import compose
 
 
 def sample(run, n_prompts=4, group=4):

@@ -20,11 +20,11 @@ import torch
 
 from rlcli.cli import main
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.rollout import servers
 from rlcli.rollout.servers import RETRIES, WorkerLost, free_port
 from rlcli.rollout.workers import WorkerSampler
 from rlcli.runtime.models import load_tokenizer
+from rlcli.validate import compose
 
 MODELS = {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
 TOKENS, LOGPS = [5, 6, 7], [-1.0, -2.0, -0.5]  # one good response

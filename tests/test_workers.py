@@ -22,11 +22,11 @@ import torch
 
 from rlcli.cli import main
 from rlcli.config import ConfigError
-from rlcli.validate import compose
 from rlcli.rollout.servers import not_a_worker, worker_gpus, worker_session
 from rlcli.rollout.workers import ParameterSource, WorkerSampler
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from rlcli.validate import compose
 
 FLOAT32 = ["trainer.bf16_autocast=false", "trainer.dtype=float32"]
 
