@@ -196,3 +196,41 @@ def test_the_adaptive_kl_controller_moves_beta_by_the_clipped_error():
     penalty = kl_reward_penalty(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]),
                                 torch.tensor([[1.0, 0.0]]), 0.5)  # fmt: skip
     assert penalty.tolist() == [[0.25, 0.0]]  # 0.5 * k1 on the masked token only
+
+
+@pytest.mark.parametrize("name", ["gmpo", "luspo", "cispo", "sapo", "gpg", "kl_cov", "clip_cov"])
+def test_each_loss_is_the_same_split_into_micro_batches(name):
+    """The step's counts divide every micro-batch's share, so the parts sum to the whole, for
+    per-response losses as for per-token ones (the mini-batch's selection is made once)."""
+    from functools import partial
+
+    from rlcli.ops.objective import Objective, policy_objective
+    from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, RATIOS, StepCounts
+
+    g = torch.Generator().manual_seed(1)
+    old = torch.randn(6, 5, generator=g, dtype=torch.float64) - 2
+    logp = (old + 0.1 * torch.randn(6, 5, generator=g, dtype=torch.float64)).requires_grad_(True)
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    mask = torch.ones(6, 5, dtype=torch.float64)
+    mask[2, 3:] = 0
+    selected = torch.zeros(6, 5, dtype=torch.bool)
+    selected[1, 2] = selected[4, 0] = True
+    ratio = "sequence" if name == "luspo" else "token"
+    obj = Objective(
+        ratio=RATIOS[ratio], bounds=partial(CLIP_BOUNDS["decoupled"], eps_low=0.2, eps_high=0.28),
+        loss=LOSSES[name], kl=None, aggregate=partial(AGGREGATIONS["token_mean"], norm_len=5),
+        beta=0.0, dual_clip=None, entropy_coef=0.0,
+    )  # fmt: skip
+    counts = StepCounts(tokens=float(mask.sum()), seqs=6.0, responses=6.0)
+
+    def loss_of(rows):
+        zeros = torch.zeros(len(rows), 5)
+        args = (logp[rows], old[rows], None, adv[rows], mask[rows], zeros, counts)
+        return policy_objective(obj, *args, selected=selected[rows])[0]
+
+    whole = loss_of(list(range(6)))
+    (whole_grad,) = torch.autograd.grad(whole, logp)
+    parts = loss_of([0, 1, 2]) + loss_of([3, 4, 5])
+    (parts_grad,) = torch.autograd.grad(parts, logp)
+    assert float(parts) == pytest.approx(float(whole), rel=1e-12)
+    assert torch.allclose(parts_grad, whole_grad, rtol=1e-12, atol=1e-15)

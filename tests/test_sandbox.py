@@ -227,6 +227,8 @@ def test_hook_globals_through_a_frame_and_closure_cells_through_gc(world):
             print(sys._getframe(1).f_globals.keys())
         except ValueError:
             pass
+        import builtins
+        builtins.any = lambda *args: True  # the path check's own helper, made to agree
         print(open({str(world["secret"])!r}).read())
     """,
     )
@@ -394,7 +396,10 @@ def test_the_trainer_cannot_be_signalled_or_its_limits_changed(world):
                    lambda: os.kill({pid}, signal.SIGKILL),
                    lambda: os.killpg(os.getpgid({pid}), signal.SIGKILL),
                    lambda: os.kill(os.getppid(), signal.SIGKILL),
-                   lambda: resource.prlimit({pid}, resource.RLIMIT_NOFILE, (3, 3))):
+                   lambda: resource.prlimit({pid}, resource.RLIMIT_NOFILE, (3, 3)),
+                   lambda: __import__("psutil").Process({pid}).rlimit(
+                       __import__("psutil").RLIMIT_NOFILE, (3, 3)),
+                   lambda: __import__("psutil").Process(os.getppid()).kill()):
             try:
                 fn()
                 print("done")
