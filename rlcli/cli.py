@@ -217,6 +217,12 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     # unknown recipe, group choice or key is named here, with the valid ones, before Hydra
     # starts: Hydra's own messages for them run to many lines.
     register_recipes()
+    if any(a in ("--help", "-h") for a in argv):  # the pieces' own declarations, in the help
+        from omegaconf import OmegaConf
+
+        from rlcli.train.pieces import describe_pieces
+
+        OmegaConf.register_new_resolver("rlcli_pieces", describe_pieces, replace=True)
     try:
         check_syntax(split_flags(argv)[1])
         check_recipe_choices(argv)

@@ -55,6 +55,19 @@ def test_help_after_a_recipe(capsys):
     assert "rlcli train: reinforcement-learning post-training" in capsys.readouterr().out
 
 
+def test_help_lists_every_loss_and_estimator_from_its_declaration(capsys):
+    from rlcli.ops.advantages import ADVANTAGES
+    from rlcli.ops.losses import LOSSES
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for name, piece in [*LOSSES.items(), *ADVANTAGES.items()]:
+        assert f"  {name:22} {piece.doc}" in out, name
+    assert "[settings: tau_pos=1.0, tau_neg=1.05]" in out  # sapo's, from its signature
+    assert "gmpo                   GMPO" in out and "[needs: response_advantage]" in out
+
+
 def test_a_sweep_with_m_at_the_end(tmp_path):
     main(["train", *TINY, "algo=grpo,dr_grpo", "-m", f"hydra.sweep.dir={tmp_path}"])
     jobs = sorted(p.name for p in tmp_path.iterdir() if (p / "metrics.jsonl").is_file())

@@ -239,13 +239,13 @@ _outcome_entry("rloo", lambda r, ids: rloo_advantages(r), "RLOO: R - the others'
 
 @register_advantage("dcpo_sas", needs=("groups", "response_advantage"))
 def dcpo_sas(x: AdvantageInputs):
-    """DCPO's SAS: smoothed over the visits of each prompt (x.sas holds the state)."""
+    """DCPO's SAS: standardised rewards smoothed over each prompt's visits (state in x.sas)."""
     return outcome(lambda rewards, ids: x.sas(ids, rewards))(x)
 
 
 @register_advantage("gae", needs=("critic",))
 def gae_advantages(x: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """PPO: GAE over ``token_rewards`` and the critic's values -> (advantages, returns).
+    """PPO: GAE over the token rewards and the critic's values (returns too).
 
     Whitening (mean 0, std 1 over the batch's response tokens) follows the common PPO
     implementations (OpenAI baselines, verl); the spec leaves it open.
@@ -260,7 +260,9 @@ def gae_advantages(x: AdvantageInputs) -> tuple[Tensor, Tensor]:
 
 @register_advantage("grpo_process", needs=("groups", "step_rewards"))
 def process_advantages(x: AdvantageInputs) -> tuple[Tensor, None]:
-    """GRPO with process supervision, group by group, from ``step_rewards``.  # [B, T]"""
+    """GRPO with process supervision: normalised step rewards summed after each token.
+
+    Group by group, from ``step_rewards``.  # [B, T]"""
     ends = ~x.step_rewards.isnan()
     rewards = x.step_rewards.nan_to_num(0.0)
     size = x.group_size
@@ -285,8 +287,9 @@ def whiten_tokens(values: Tensor, mask: Tensor) -> Tensor:
 
 @register_advantage("reinforce_pp")
 def reinforce_pp(x: AdvantageInputs):
-    """REINFORCE++ (arXiv 2501.03262): returns of PPO's token rewards (gamma 1), whitened
-    over the batch's tokens; no critic, no groups."""
+    """REINFORCE++ (arXiv 2501.03262): PPO's token-reward returns, whitened over the batch.
+
+    gamma 1; no critic, no groups."""
     rewards = x.token_rewards * x.mask
     returns = rewards.flip(-1).cumsum(-1).flip(-1)  # G_t = sum_{s >= t} r_s
     return whiten_tokens(returns, x.mask), None
@@ -294,8 +297,9 @@ def reinforce_pp(x: AdvantageInputs):
 
 @register_advantage("reinforce_pp_baseline")
 def reinforce_pp_baseline(x: AdvantageInputs):
-    """REINFORCE++-baseline: R minus its group's mean (a group of one: minus 0), on each
-    token, whitened over the batch's tokens."""
+    """REINFORCE++-baseline: R minus its group's mean, whitened over the batch's tokens.
+
+    A group of one subtracts 0; the value is the same on each of a response's tokens."""
     groups = x.sequence_rewards.view(-1, x.group_size)
     baseline = groups.nanmean(-1, keepdim=True) if x.group_size > 1 else torch.zeros_like(groups)
     centred = (groups - baseline).flatten().nan_to_num(0.0)  # failed rewards: masked anyway
@@ -304,8 +308,9 @@ def reinforce_pp_baseline(x: AdvantageInputs):
 
 @register_advantage("opo", needs=("groups", "response_advantage"))
 def opo(x: AdvantageInputs):
-    """OPO (arXiv 2505.23585): R - b, b the group's length-weighted mean reward (lengths
-    before any filter masks a response)."""
+    """OPO (arXiv 2505.23585): R minus the group's length-weighted mean reward.
+
+    The lengths are those before any filter masks a response."""
     rewards = x.sequence_rewards.view(-1, x.group_size)
     lengths = x.lengths.to(rewards.dtype).view(-1, x.group_size)
     scored = ~rewards.isnan()
@@ -317,8 +322,10 @@ def opo(x: AdvantageInputs):
 
 @register_advantage("gpg", needs=("groups", "response_advantage"))
 def gpg(x: AdvantageInputs):
-    """GPG (arXiv 2504.02546): alpha (R - group mean), alpha = B / max(1, B - M) with M the
-    responses in groups whose rewards are all equal (the paper's count, not verl's R != 0)."""
+    """GPG (arXiv 2504.02546): alpha (R - group mean), alpha = B / max(1, B - M).
+
+    M counts the responses in groups whose rewards are all equal (the paper's count, not
+    verl's R != 0)."""
     groups = x.sequence_rewards.view(-1, x.group_size)
     centred = outcome(lambda rewards, ids: dr_grpo_advantages(rewards))(x)[0]
     scored = ~groups.isnan()

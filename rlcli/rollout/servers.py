@@ -38,6 +38,7 @@ class WorkerLost(RuntimeError):
     # responses it scored, which the loop writes before it saves the step as done.
     step_metrics: dict | None = None
     step_samples: list | tuple = ()
+    step_advantages: dict | None = None
 
 
 # A worker's transient HTTP failures (a refused connection while it restarts, a 429 or 5xx

@@ -37,7 +37,8 @@ class Trainer:
 
     setup: Callable[[Config, Path | None], Any]  # (cfg, checkpoint or None) -> run
     # run -> (metrics, the responses it scored, for the tracker's table)
-    train_step: Callable[[Any], tuple[dict[str, float], list]]
+    # run -> (metrics, the samples it scored, {(problem id, response): advantage})
+    train_step: Callable[[Any], tuple[dict[str, float], list, dict]]
     held_out: Callable[[Any], dict[str, float]]  # run -> eval metrics due after this step
     save: Callable[[Any, Path], Path]  # (run, run_dir) -> the checkpoint written
     describe: Callable[[Any], str]  # run -> what is trained, for the first line printed
@@ -45,14 +46,14 @@ class Trainer:
     headline: str = "reward/mean"  # the metric the progress bar shows
 
 
-def rl_train_step(run: rl.Run) -> tuple[dict[str, float], list]:
+def rl_train_step(run: rl.Run) -> tuple[dict[str, float], list, dict]:
     with run.scorer.recording() as samples:
         try:
-            metrics = rl_step.train_step(run)
+            metrics, advantages = rl_step.step(run)
         except WorkerLost as lost:
             lost.step_samples = samples  # those of a step lost after its update, to be written
             raise
-    return metrics, samples
+    return metrics, samples, advantages
 
 
 def rl_held_out(run: rl.Run) -> dict[str, float]:
@@ -81,7 +82,7 @@ TRAINERS: dict[str, Trainer] = {
     ),
     "dpo": Trainer(
         setup=dpo.setup,
-        train_step=lambda run: (dpo.train_step(run), []),
+        train_step=lambda run: (dpo.train_step(run), [], {}),
         held_out=dpo.held_out,
         save=dpo.save,
         describe=lambda run: (
@@ -163,15 +164,15 @@ def train(cfg: Config, run_dir: Path) -> Path:
         while run.step < t.max_steps:
             lost = None
             try:
-                metrics, samples = trainer.train_step(run)
+                metrics, samples, advantages = trainer.train_step(run)
             except WorkerLost as err:
                 if err.step_metrics is None:  # before the update: the step did not happen
                     raise worker_lost(err, run, trainer, tracker, run_dir) from None
                 # In the weight push, after the update: the step happened. Its rows are written
                 # before the run stops with it saved, so a resume neither loses nor repeats it.
                 lost, metrics, samples = err, err.step_metrics, err.step_samples
+                advantages = err.step_advantages or {}
             run.step += 1
-            advantages = metrics.pop("_advantages", {})
             # Under torchrun: averaged over the ranks (times: the slowest rank's).
             metrics = distributed.mean_metrics({"step": run.step, **metrics})
             try:

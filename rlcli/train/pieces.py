@@ -124,3 +124,17 @@ def check_pieces(cfg) -> None:
             f"algo.top_entropy={algo.top_entropy} must lie in [0, 1]: the share of tokens, "
             "highest entropy first, that carry the policy loss (0 = all of them)."
         )
+
+
+def describe_pieces() -> str:
+    """The losses and estimators with their settings and needs, for `rlcli train --help`."""
+    lines = []
+    for title, registry in (("algo.loss", LOSSES), ("algo.advantage", ADVANTAGES)):
+        lines.append(f"{title} (or your own: 'path/to/file.py:function'):")
+        for name, p in sorted(registry.items()):
+            extra = ", ".join(f"{k}={v!r}" for k, v in p.settings.items())
+            tail = (f"  [settings: {extra}]" if extra else "") + (
+                f"  [needs: {', '.join(sorted(p.needs))}]" if p.needs else ""
+            )
+            lines.append(f"  {name:22} {p.doc}{tail}")
+    return "\n".join(lines)

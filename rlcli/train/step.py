@@ -150,6 +150,13 @@ def prefetch_next(run: Run) -> None:
 
 def train_step(run: Run) -> dict[str, float]:
     """One step: sample, score, update. Returns the step's metrics (times in seconds)."""
+    return step(run)[0]
+
+
+def step(run: Run) -> tuple[dict[str, float], dict]:
+    """One step: sample, score, update. Returns the step's metrics (times in seconds) and each
+    trained response's advantage, {(problem id, response text): advantage} (token-level ones:
+    their mean over the response), for samples.jsonl."""
     t, algo = run.cfg.trainer, run.cfg.algo
     start = time.perf_counter()
     rollout, scores, metrics = collect_batch(run)
@@ -273,13 +280,12 @@ def train_step(run: Run) -> dict[str, float]:
         "time/sync": synced - learned,
         "time/step": synced - start,
         "throughput/tokens_per_s": lengths.sum().item() / (synced - start),
-        # Each trained response's advantage (token-level ones: their mean over the response),
-        # for samples.jsonl; identical responses to one problem get identical advantages.
-        "_advantages": response_advantages(rollout, advantages),
     }
+    # Identical responses to one problem get identical advantages.
+    per_response = response_advantages(rollout, advantages)
     if lost is not None:
         # This step's update is in the learner: the loop writes its metrics and saves it as
         # done, so the resumed run neither loses nor repeats it.
-        lost.step_metrics = step_metrics
+        lost.step_metrics, lost.step_advantages = step_metrics, per_response
         raise lost
-    return step_metrics
+    return step_metrics, per_response
