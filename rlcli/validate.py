@@ -314,7 +314,7 @@ def _check_world(cfg: Config) -> None:
             f"{world} processes torchrun started: each samples an equal share of the prompts."
         )
     unsupported = {
-        "algo=dpo": cfg.algo.name == "dpo",
+        "algo=dpo (preference pairs)": cfg.algo.objective == "dpo",
         f"algo.advantage={cfg.algo.advantage} (a critic)": needs(cfg, "critic"),
         "algo.ptx_coef > 0": cfg.algo.ptx_coef > 0,
         "model.lora.rank > 0 (LoRA)": cfg.model.lora.rank > 0,

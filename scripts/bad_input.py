@@ -342,7 +342,8 @@ def resume_with_a_new_learning_rate(tmp: Path) -> str | None:
     rlcli(run_dir)
     result = rlcli(run_dir, "trainer.max_steps=2", "trainer.lr=3e-5")
     rates = [
-        json.loads(line)["lr"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        json.loads(line)["actor/lr"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
     ]
     config = (run_dir / "config.yaml").read_text()
     if result.code != 0 or "trainer.lr changed since step 1" not in result.stdout:

@@ -40,11 +40,16 @@ for algo in ("grpo", "ppo"):
             step,
             {
                 k: round(m[k], 4)
-                for k in ("loss", "grad_norm", "env/turns_mean", "response/length_mean")
+                for k in (
+                    "loss/policy",
+                    "actor/grad_norm",
+                    "env/turns_mean",
+                    "response/length_mean",
+                )
             },
             f"{time.perf_counter() - t:.2f}s",
         )
-        assert math.isfinite(m["loss"])
+        assert math.isfinite(m["loss/policy"])
 
 # A batch with tool turns inside responses: the loss's gradient on CUDA equals the CPU's.
 

@@ -59,8 +59,8 @@ def main() -> None:
     whole = {
         "params": dict(distributed.full_parameters(learner)),
         "grads": {n: g.full_tensor() if hasattr(g, "full_tensor") else g for n, g in grads.items()},
-        "loss": metrics["loss"],
-        "grad_norm": metrics["grad_norm"],
+        "loss": metrics["loss/policy"],
+        "grad_norm": metrics["actor/grad_norm"],
     }
     if distributed.is_main():
         torch.save(whole, out)

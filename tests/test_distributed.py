@@ -62,7 +62,7 @@ def one_step(model_dir: str, micro_batch_size: int, max_tokens: int) -> dict:
     plan = UpdatePlan(1, micro_batch_size, max_tokens, max_grad_norm=1.0)
     metrics = learn(learner, optimizer, objective, train_batch, plan)
     grads = {n: p.grad.clone() for n, p in learner.named_parameters()}
-    return {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "grads": grads}
+    return {"loss": metrics["loss/policy"], "grad_norm": metrics["actor/grad_norm"], "grads": grads}
 
 
 def test_the_step_does_not_depend_on_the_micro_batch_plan(tiny_model_dir):
@@ -144,4 +144,4 @@ def test_two_gloo_ranks_sample_with_the_weights_they_just_learned(tmp_path, shap
     assert all(r["rollout/logp_abs_diff"] < 1e-3 for r in rows), rows
     # Worker samples are not seeded, so how far the policy moves varies (KL 0.07-0.7 seen);
     # a KL of 0.01 already means log-probs about 0.1 apart, 100x the tolerance above.
-    assert rows[-1]["kl"] > 1e-2
+    assert rows[-1]["loss/kl"] > 1e-2

@@ -106,14 +106,14 @@ def test_a_short_run_learns_its_pairs(tiny_dpo):
     pairs = run.pairs.problems
     before = pair_metrics(run, pairs)
     # The policy is the reference: every implicit reward is 0, the loss is log 2.
-    assert before["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert before["loss/policy"] == pytest.approx(math.log(2), abs=1e-4)
     assert before["reward/accuracy"] == 0.0 and before["reward/margin"] == pytest.approx(0)
     steps = [train_step(run) for _ in range(10)]
     after = pair_metrics(run, pairs)
     assert after["reward/accuracy"] > 0.9, (before, after)
-    assert after["reward/margin"] > 0.3 and after["loss"] < math.log(2) - 0.15
+    assert after["reward/margin"] > 0.3 and after["loss/policy"] < math.log(2) - 0.15
     assert steps[-1]["logp/chosen"] > steps[0]["logp/chosen"]  # chosen replies grew likelier
-    assert {"reward/chosen", "reward/rejected", "logp/rejected", "grad_norm"} <= set(steps[0])
+    assert {"reward/chosen", "reward/rejected", "logp/rejected", "actor/grad_norm"} <= set(steps[0])
 
 
 # Ties on even answers (a constant reward), the response length otherwise.
@@ -150,6 +150,6 @@ def test_rlcli_pairs_then_rlcli_train_algo_dpo(tmp_path):
     assert out.returncode == 0, out.stderr
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
-    for key in ["loss", "reward/accuracy", "reward/margin", "logp/chosen", "logp/rejected"]:
+    for key in ["loss/policy", "reward/accuracy", "reward/margin", "logp/chosen", "logp/rejected"]:
         assert all(key in m for m in metrics), key
     assert (run_dir / "checkpoints" / "step_2" / "model.safetensors").exists()

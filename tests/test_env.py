@@ -437,7 +437,7 @@ def test_tiny_model_runs_two_multi_turn_grpo_steps_on_vllm_and_hf(tiny_overrides
         before = [p.detach().clone() for p in run.policy.parameters()]
         for _ in range(2):
             metrics = train_step(run)
-            assert math.isfinite(metrics["loss"]) and metrics["env/turns_mean"] >= 1
+            assert math.isfinite(metrics["loss/policy"]) and metrics["env/turns_mean"] >= 1
         after = list(run.policy.parameters())
         assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
@@ -462,4 +462,4 @@ def test_smollm2_calls_the_calculator_in_a_two_step_grpo_run_on_vllm():
     assert torch.all(tool_tokens[calls > 0].sum(-1) > 0) and torch.all(tool_tokens[calls == 0] == 0)
     assert torch.all(batch.sampler_logp[tool_tokens.bool()] == 0)
     metrics = train_step(run)  # the tiny model's run above makes two steps; one does here
-    assert math.isfinite(metrics["loss"]) and metrics["env/turns_mean"] >= 1
+    assert math.isfinite(metrics["loss/policy"]) and metrics["env/turns_mean"] >= 1

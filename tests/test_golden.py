@@ -64,7 +64,7 @@ RUNS = {
 # fractions of tokens, the rule rewards of the sampled text (and their mean and spread), the
 # learning rate. A kernel's rounding cannot move them short of flipping a sampled token.
 # (DPO's reward/* are implicit rewards, log-prob ratios: floats like the rest.)
-EXACT_KEYS = {"step", "lr", "reward/mean", "reward/std", "reward/space_rate", "reward/errors"}
+EXACT_KEYS = {"step", "actor/lr", "reward/mean", "reward/std", "reward/space_rate", "reward/errors"}
 EXACT_PREFIXES = ("batch/", "response/", "clip/", "nonfinite/")
 # Float32 kernels still differ in the last bits between machines (MKL picks its SGEMM by
 # the CPU's vendor and model; vector widths and thread counts change reduction orders), and
@@ -135,7 +135,9 @@ def test_the_comparison_tells_rounding_from_a_change():
 
     assert not first_step()
     assert first_step(**{"batch/tokens": first["batch/tokens"] + 1})
-    assert first_step(grad_norm=first["grad_norm"] * 1.001)
-    assert first_step(kl=first["kl"] + 1e-4)
+    assert first_step(**{"actor/grad_norm": first["actor/grad_norm"] * 1.001})
+    assert first_step(**{"loss/kl": first["loss/kl"] + 1e-4})
     assert first_step(**{"reward/mean": first["reward/mean"] * (1 + 1e-7)})
-    assert not first_step(grad_norm=first["grad_norm"] * (1 + 2e-5), **{"rollout/kl": 1e-6})
+    assert not first_step(
+        **{"actor/grad_norm": first["actor/grad_norm"] * (1 + 2e-5), "rollout/kl": 1e-6}
+    )

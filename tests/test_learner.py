@@ -83,7 +83,9 @@ def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation, per_
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
         plan = UpdatePlan(mini_batches=1, micro_batch_size=micro, max_grad_norm=0.0)
         metrics = learn(policy, optimizer, objective, train_batch, plan)
-        grads.append((metrics["loss"], torch.cat([p.grad.flatten() for p in policy.parameters()])))
+        grads.append(
+            (metrics["loss/policy"], torch.cat([p.grad.flatten() for p in policy.parameters()]))
+        )
     (loss, grad), others = grads[0], grads[1:]
     assert grad.abs().sum() > 0
     for other_loss, other_grad in others:
@@ -153,7 +155,7 @@ def test_fast_path_gives_the_plain_paths_loss_and_gradients(run, batch, monkeypa
         plan = UpdatePlan(mini_batches=1, micro_batch_size=rows, max_grad_norm=0.0)
         metrics = learn(policy, optimizer, objective, train_batch, plan)
         grad = torch.cat([p.grad.flatten() for p in policy.parameters()])
-        results.append((metrics["loss"], metrics["entropy"], grad))
+        results.append((metrics["loss/policy"], metrics["actor/entropy"], grad))
     (loss, entropy, grad), (want_loss, want_entropy, want_grad) = results
     assert grad.abs().sum() > 0
     assert loss == pytest.approx(want_loss, rel=1e-5, abs=1e-7)

@@ -297,11 +297,11 @@ def test_dpo_with_lora_uses_the_base_model_as_reference_and_learns():
         assert lora.reference[key] == pytest.approx((chosen, rejected), abs=1e-4)
     pairs = lora.pairs.problems
     before = pair_metrics(lora, pairs)
-    assert before["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert before["loss/policy"] == pytest.approx(math.log(2), abs=1e-4)
     for _ in range(10):
         dpo_step(lora)
     after = pair_metrics(lora, pairs)
-    assert after["reward/accuracy"] > 0.9 and after["loss"] < math.log(2) - 0.15, after
+    assert after["reward/accuracy"] > 0.9 and after["loss/policy"] < math.log(2) - 0.15, after
 
 
 def test_dropout_acts_in_the_learners_passes_only(tiny_model_dir):
@@ -336,7 +336,7 @@ def test_every_algorithm_trains_the_adapters(tiny_overrides, algo):
     )
     before = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
     metrics = train_step(run)
-    assert math.isfinite(metrics["loss"])
+    assert math.isfinite(metrics["loss/policy"])
     moved = {n for n, p in run.policy.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all("lora_" in n for n in moved), sorted(moved)[:3]
     if run.critic is not None:  # PPO: the critic's adapters and value head, nothing else

@@ -132,7 +132,7 @@ def test_cpu_twin_trains_one_step_with_finite_metrics(twin):
     run = setup(compose([f"recipe={twin.name}"]))
     metrics = train_step(run)
     numbers = {k: v for k, v in metrics.items() if not k.startswith("_")}
-    assert {"loss", "grad_norm", "reward/mean"} <= numbers.keys()
+    assert {"loss/policy", "actor/grad_norm", "reward/mean"} <= numbers.keys()
     assert all(math.isfinite(v) for v in numbers.values()), numbers
     assert numbers["response/length_mean"] > 0
     if run.cfg.algo.ptx_coef > 0:

@@ -265,7 +265,7 @@ def test_training_on_an_outcome_reward_model(model_dirs):
     assert scores.tolist() == pytest.approx(expected, abs=1e-4)
     assert metrics["reward/reward_model"] == pytest.approx(sum(expected) / len(expected), abs=1e-4)
     step = train_step(run)
-    assert step["grad_norm"] > 0 and step["reward/errors"] == 0
+    assert step["actor/grad_norm"] > 0 and step["reward/errors"] == 0
 
 
 def _questions(run, batch):
@@ -300,7 +300,7 @@ def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
     rows = zip(advantages, batch.response_mask.bool(), strict=True)
     assert any(len(set(row[m].tolist())) > 1 for row, m in rows)
     step = train_step(run)
-    assert step["grad_norm"] > 0 and 0 < step["reward/process"] < 1  # mean step probability
+    assert step["actor/grad_norm"] > 0 and 0 < step["reward/process"] < 1  # mean step probability
 
 
 # --- model directories a user names: model.path and reward.model_path ------------------------

@@ -92,7 +92,7 @@ def test_a_resume_applies_a_new_learning_rate_and_says_so(three_steps, tmp_path,
     out = capsys.readouterr().out
     assert "trainer.lr changed since step 3 (1e-05 -> 3e-05); it applies from step 4." in out
     assert "taken from this command: trainer.max_steps=5" in out
-    assert [r["lr"] for r in read_metrics(run_dir)] == [1e-5, 1e-5, 1e-5, 3e-5, 3e-5]
+    assert [r["actor/lr"] for r in read_metrics(run_dir)] == [1e-5, 1e-5, 1e-5, 3e-5, 3e-5]
     config = (run_dir / "config.yaml").read_text()
     assert "lr: 3.0e-05" in config and "max_steps: 5" in config
     history = config[config.index("# history") :].splitlines()[1:]

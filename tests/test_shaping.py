@@ -137,7 +137,7 @@ def test_overlong_filter_removes_truncated_responses_from_the_loss():
     before = [p.clone() for p in run.policy.parameters()]
     metrics = train_step(run)
     assert metrics["response/truncated_frac"] == 1.0
-    assert metrics["grad_norm"] == 0.0
+    assert metrics["actor/grad_norm"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, run.policy.parameters(), strict=True))
     # Soft overlong punishment: every response is at the limit, so each gets -1.
     assert metrics["reward/overlong"] == pytest.approx(-1.0)

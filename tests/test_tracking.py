@@ -162,7 +162,7 @@ def test_wandb_offline_gets_config_every_step_and_a_samples_table(tmp_path):
     assert [h["_step"] for h in history] == [1, 2, 3]  # metrics.jsonl's step is W&B's step
     for row, logged in zip(rows, history, strict=True):
         assert logged["reward/mean"] == row["reward/mean"]
-        assert logged["entropy"] == row["entropy"]
+        assert logged["actor/entropy"] == row["actor/entropy"]
         assert set(row) - {"step"} <= set(logged)
 
     assert [any(k.startswith("samples/") for k in h) for h in history] == [False, True, False]
@@ -208,24 +208,24 @@ def write_metrics(run_dir: Path, rows: list[dict], tail: str = "") -> Path:
 
 # An RL run: entropy is null at step 2 (non-finite), KL to a reference is logged.
 RL_ROWS = [
-    {"step": 1, "reward/mean": 0.1, "entropy": 2.0, "kl": 0.0, "time/step": 1.0,
+    {"step": 1, "reward/mean": 0.1, "actor/entropy": 2.0, "loss/kl": 0.0, "time/step": 1.0,
      "throughput/tokens_per_s": 10.0},
-    {"step": 2, "reward/mean": None, "entropy": None, "kl": 0.01, "time/step": 2.0,
+    {"step": 2, "reward/mean": None, "actor/entropy": None, "loss/kl": 0.01, "time/step": 2.0,
      "throughput/tokens_per_s": 20.0},
-    {"step": 3, "reward/mean": 0.5, "entropy": 1.5, "kl": 0.02, "time/step": 0.5,
+    {"step": 3, "reward/mean": 0.5, "actor/entropy": 1.5, "loss/kl": 0.02, "time/step": 0.5,
      "throughput/tokens_per_s": None, "eval/accuracy": 0.25},
-    {"step": 4, "reward/mean": 0.3, "entropy": 1.0, "kl": 0.03, "time/step": 1.5,
+    {"step": 4, "reward/mean": 0.3, "actor/entropy": 1.0, "loss/kl": 0.03, "time/step": 1.5,
      "throughput/tokens_per_s": 30.0},
 ]  # fmt: skip
 # An RL run with beta = 0: no kl, no entropy, only the policy's approx_kl.
 NO_KL_ROWS = [{"step": s, "reward/mean": 0.2 * s, "policy/approx_kl": 0.001} for s in (1, 2)]
-DPO_ROWS = [{"step": s, "reward/accuracy": 0.5 + 0.25 * s, "loss": 0.7 / s} for s in (1, 2)]
+DPO_ROWS = [{"step": s, "reward/accuracy": 0.5 + 0.25 * s, "loss/policy": 0.7 / s} for s in (1, 2)]
 
 
 def test_series_turns_null_and_absent_values_into_gaps():
-    steps, values = series(RL_ROWS[:2], "entropy")
+    steps, values = series(RL_ROWS[:2], "actor/entropy")
     assert steps == [1, 2] and values[0] == 2.0 and math.isnan(values[1])  # null
-    assert all(math.isnan(v) for v in series(NO_KL_ROWS, "entropy")[1])  # never logged
+    assert all(math.isnan(v) for v in series(NO_KL_ROWS, "actor/entropy")[1])  # never logged
 
 
 def test_panels_only_for_metrics_a_run_has(tmp_path):
@@ -233,15 +233,15 @@ def test_panels_only_for_metrics_a_run_has(tmp_path):
 
     # A partial last line (a job killed mid-write) is skipped, not an error.
     rl = read_metrics(write_metrics(tmp_path / "rl", RL_ROWS, tail='{"step": 5, "rew'))
-    assert [r["step"] for r in rl] == [1, 2, 3, 4] and math.isnan(rl[1]["entropy"])
+    assert [r["step"] for r in rl] == [1, 2, 3, 4] and math.isnan(rl[1]["actor/entropy"])
     runs = {"rl": rl, "no_kl": NO_KL_ROWS, "dpo": DPO_ROWS}
     lines = panel_lines(runs)
     assert lines == [
         {"rl": "reward/mean", "no_kl": "reward/mean", "dpo": "reward/accuracy"},
         {"rl": "eval/accuracy"},  # logged at some steps only: drawn as joined points
-        {"dpo": "loss"},  # only DPO's loss is drawn
-        {"rl": "entropy"},  # absent from the other runs: one line
-        {"rl": "kl", "no_kl": "policy/approx_kl"},
+        {"dpo": "loss/policy"},  # only DPO's loss is drawn
+        {"rl": "actor/entropy"},  # absent from the other runs: one line
+        {"rl": "loss/kl", "no_kl": "policy/approx_kl"},
     ]  # no response length or clip fraction: no run logged them
     assert panel_lines({"dpo": DPO_ROWS}, PANELS[3:]) == []
     out = draw_curves(runs, tmp_path / "plots" / "curves.png", "hand-written")

@@ -35,13 +35,13 @@ def test_policy_changes_and_reference_does_not():
     assert len(moved) == len(policy_before)  # every tensor of the policy was updated
     for key, value in run.reference.state_dict().items():
         assert torch.equal(value, reference_before[key]), key
-    assert metrics[-1]["kl"] > 0  # the policy drifted from the frozen reference
+    assert metrics[-1]["loss/kl"] > 0  # the policy drifted from the frozen reference
 
 
 def test_no_reference_model_when_beta_is_zero():
     run = setup(compose(["model=tiny", "algo.beta=0"]))
     assert run.reference is None
-    assert "kl" not in train_step(run)
+    assert "loss/kl" not in train_step(run)
 
 
 def rlcli(*args, cwd=None):
@@ -70,11 +70,11 @@ def test_rlcli_train_writes_metrics_config_and_checkpoint(tmp_path):
         "reward/mean",
         "reward/std",
         "response/length_mean",
-        "loss",
-        "grad_norm",
-        "kl",
+        "loss/policy",
+        "actor/grad_norm",
+        "loss/kl",
         "clip/frac",
-        "entropy",
+        "actor/entropy",
         "time/sample",
         "time/learn",
         "throughput/tokens_per_s",

@@ -138,6 +138,6 @@ def test_bf16_compute_puts_engine_and_reference_in_bfloat16(tiny_overrides):
     assert run.reference.dtype == expected
     assert run.policy.dtype == torch.float32  # the learner's weights stay in trainer.dtype
     metrics = train_step(run)
-    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert torch.isfinite(torch.tensor(metrics["loss/policy"]))
     # The engine's log-probs still follow the learner's, within bfloat16's rounding.
     assert metrics["rollout/logp_abs_diff"] < 0.05

@@ -94,7 +94,7 @@ def policy_objective(
     log_ratio = (logp - old_logp).detach()
     sums = {
         **{key: value.detach() for key, value in own.items()},
-        "entropy": (entropy.detach() * m).sum(),
+        "actor/entropy": (entropy.detach() * m).sum(),
         # KL(old || new) by the k3 estimator on tokens sampled from old: how far updates moved.
         "policy/approx_kl": ((log_ratio.exp() - 1 - log_ratio) * m).sum(),
     }
@@ -111,7 +111,7 @@ def policy_objective(
     if obj.kl is not None:
         kl = obj.kl(logp, ref_logp)
         per_token = per_token + obj.beta * kl
-        sums["kl"] = (kl.detach() * m).sum()
+        sums["loss/kl"] = (kl.detach() * m).sum()
     if obj.entropy_coef:
         per_token = per_token - obj.entropy_coef * entropy
     loss = obj.aggregate(per_token, mask, counts)

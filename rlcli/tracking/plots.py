@@ -36,12 +36,12 @@ PANELS = (
     REWARD,
     HELD_OUT,
     # DPO's loss is its objective; the RL surrogate loss says little about progress.
-    Panel(("loss",), requires="reward/accuracy"),
+    Panel(("loss/policy",), requires="reward/accuracy"),
     Panel(("response/length_mean",)),
-    Panel(("entropy",)),
+    Panel(("actor/entropy",)),
     Panel(("clip/frac",)),
     # KL to the reference when beta > 0, else how far each update moved the policy.
-    Panel(("kl", "policy/approx_kl")),
+    Panel(("loss/kl", "policy/approx_kl")),
 )
 
 Runs = dict[str, list[dict]]  # label -> rows of metrics.jsonl

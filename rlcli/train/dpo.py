@@ -187,7 +187,7 @@ def train_step(run: DpoRun) -> dict[str, float]:
     run.optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(
         [
-            "loss",
+            "loss/policy",
             "reward/accuracy",
             "reward/margin",
             "reward/chosen",
@@ -210,7 +210,7 @@ def train_step(run: DpoRun) -> dict[str, float]:
         loss, r_w, r_l = dpo_loss(seq[:n], seq[n:], ref[:, 0], ref[:, 1], beta)
         (loss.sum() / len(pairs)).backward()  # the mean over the step's pairs
         values = {
-            "loss": loss.detach(),
+            "loss/policy": loss.detach(),
             "reward/accuracy": (r_w > r_l).float(),
             "reward/margin": r_w - r_l,
             "reward/chosen": r_w,
@@ -222,12 +222,12 @@ def train_step(run: DpoRun) -> dict[str, float]:
             sums[key] += value.sum().item()
     limit = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(), limit))
-    finite = math.isfinite(sums["loss"]) and math.isfinite(grad_norm)
+    finite = math.isfinite(sums["loss/policy"]) and math.isfinite(grad_norm)
     if finite:  # a NaN update would poison every weight; the loop counts the skipped ones
         run.optimizer.step()
     return {
         **{key: value / len(pairs) for key, value in sums.items()},
-        "grad_norm": grad_norm,
+        "actor/grad_norm": grad_norm,
         "nonfinite/skipped_updates": float(not finite),
         "time/step": time.perf_counter() - start,
     }

@@ -84,7 +84,10 @@ class LoopGuard:
         skipped = metrics.get("nonfinite/skipped_updates", 0)
         if skipped:
             self.bad_in_a_row += 1
-            loss, norm = metrics.get("loss", math.nan), metrics.get("grad_norm", math.nan)
+            loss, norm = (
+                metrics.get("loss/policy", math.nan),
+                metrics.get("actor/grad_norm", math.nan),
+            )
             self.write(
                 f"rlcli: warning: step {step} had a non-finite loss ({loss}) or gradient norm "
                 f"({norm}); skipped {int(skipped)} optimiser update(s), the weights are "

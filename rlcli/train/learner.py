@@ -320,8 +320,8 @@ def learn(
         metrics["ptx/loss"] = aux / plan.mini_batches
     if "clip/low" in metrics:  # losses that clip (PPO's and its kin)
         metrics["clip/frac"] = metrics["clip/low"] + metrics["clip/high"] + metrics["clip/dual"]
-    metrics["loss"] = sum(losses) / len(losses)
-    metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    metrics["loss/policy"] = sum(losses) / len(losses)
+    metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics["nonfinite/skipped_updates"] = float(skipped)
     metrics["batch/padding_frac"] = 1 - real / max(padded, 1)
     return metrics

@@ -196,7 +196,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     kl_penalty = torch.zeros(rollout.response_mask.shape, device=run.device)
     if kl_in_reward:
         per_token = kl_reward_penalty(old_logp, ref_logp, rollout.response_mask, 1.0)
-        metrics["kl"] = (per_token.sum() / rollout.response_mask.sum().clamp(min=1)).item()
+        metrics["loss/kl"] = (per_token.sum() / rollout.response_mask.sum().clamp(min=1)).item()
         kl_penalty = run.beta * per_token
     logprobs_done = time.perf_counter()
 
@@ -255,7 +255,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     synced = time.perf_counter()
     metrics.update(run.sampler.metrics())
 
-    kl_now = epochs[-1].get("kl", metrics.get("kl"))
+    kl_now = epochs[-1].get("loss/kl", metrics.get("loss/kl"))
     if algo.kl_target and kl_now is not None and math.isfinite(kl_now):
         n = len(rollout.texts)
         run.beta = adaptive_kl_beta(run.beta, kl_now, algo.kl_target, n, algo.kl_horizon)
@@ -272,7 +272,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
         **{key: sum(m[key] for m in epochs) / len(epochs) for key in epochs[0]},
         "nonfinite/skipped_updates": sum(m["nonfinite/skipped_updates"] for m in epochs),
         "kl/beta": run.beta,
-        "lr": run.scheduler.get_last_lr()[0],
+        "actor/lr": run.scheduler.get_last_lr()[0],
         "time/sample": sampled - start - metrics["time/reward"],
         "time/logprobs": logprobs_done - sampled,
         "time/advantages": scored - logprobs_done,
