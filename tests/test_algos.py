@@ -34,12 +34,14 @@ EXTRA = {
     "reinforce_pp_baseline": ["trainer.bf16_autocast=false"],
     # Unnormalised advantages (R - b, spread ~0.05) drown under GRPO's KL: as Dr.GRPO, no KL.
     "opo": ["trainer.bf16_autocast=false", "algo.beta=0"],
+    # As OPO (R minus the greedy reply's reward is unnormalised); its reward rises later.
+    "remax": ["trainer.bf16_autocast=false", "algo.beta=0"],
     # KL in the token rewards, as for RLOO above: a small beta.
     "reinforce_pp": ["trainer.bf16_autocast=false", "algo.beta=0.001"],
 }
 # DAPO saturates the toy reward at 0.999 by step 18 (seed 0); once every group is all-equal
 # dynamic sampling has nothing to train on and stops the run, so it gets 16 steps.
-STEPS = {"ppo": 40, "dapo": 16}
+STEPS = {"ppo": 40, "dapo": 16, "remax": 35}
 
 
 def mean(xs):

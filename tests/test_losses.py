@@ -234,3 +234,11 @@ def test_each_loss_is_the_same_split_into_micro_batches(name):
     (parts_grad,) = torch.autograd.grad(parts, logp)
     assert float(parts) == pytest.approx(float(whole), rel=1e-12)
     assert torch.allclose(parts_grad, whole_grad, rtol=1e-12, atol=1e-15)
+
+
+def test_remax_subtracts_the_greedy_responses_reward():
+    x = advantage_inputs([1.0, 0.0, 0.5], [[1]] * 3, 1)
+    x = AdvantageInputs(**{**x.__dict__, "greedy_scores": torch.tensor([0.5, 0.5, float("nan")])})
+    adv, _ = ADVANTAGES["remax"](x)
+    assert adv.tolist() == [0.5, -0.5, 0.5]  # a failed greedy reward counts as 0
+    assert {"greedy", "response_advantage"} == set(ADVANTAGES["remax"].needs)

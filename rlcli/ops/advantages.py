@@ -166,6 +166,7 @@ class AdvantageInputs:
     lam: float = 0.95  # gae
     whiten: bool = True  # gae: mean 0, std 1 over the batch's response tokens
     lengths: Tensor | None = None  # [B] tokens each response holds, before any filter (opo)
+    greedy_scores: Tensor | None = None  # [B] the greedy response's reward, same prompt (remax)
 
     @property
     def sequence_rewards(self) -> Tensor:
@@ -318,6 +319,16 @@ def opo(x: AdvantageInputs):
     total = (weights * rewards.nan_to_num(0.0)).sum(-1, keepdim=True)
     baseline = total / weights.sum(-1, keepdim=True).clamp(min=1)
     return torch.where(scored, rewards - baseline, 0.0).flatten(), None
+
+
+@register_advantage("remax", needs=("greedy", "response_advantage"))
+def remax(x: AdvantageInputs):
+    """ReMax (arXiv 2310.10505): R minus the reward of the policy's greedy response.
+
+    The greedy response to the same prompt is sampled and scored in the same step and not
+    trained on; no groups needed."""
+    greedy = x.greedy_scores.to(x.scores.device).nan_to_num(0.0)
+    return (x.sequence_rewards - greedy).nan_to_num(0.0), None
 
 
 @register_advantage("gpg", needs=("groups", "response_advantage"))

@@ -37,6 +37,9 @@ class Rollout:
     # [B] tool calls each episode made (env=...); None for single-turn sampling. With tools,
     # response_mask is 0 on the tool turns inside a response (attention_mask is 1 there).
     tool_calls: Tensor | None = None
+    # [B] the reward of the policy's greedy response to each response's prompt (ReMax's
+    # baseline); None unless the advantage estimator needs it
+    baseline_scores: Tensor | None = None
 
     @property
     def finish_reasons(self) -> list[str]:  # why each response ended, in vLLM's words
@@ -158,6 +161,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         tool_calls=None
         if parts[0].tool_calls is None
         else torch.cat([r.tool_calls for r in parts]),
+        baseline_scores=None
+        if parts[0].baseline_scores is None
+        else torch.cat([r.baseline_scores for r in parts]),
     )
 
 
@@ -177,6 +183,7 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
         sampler_logp=None if batch.sampler_logp is None else batch.sampler_logp[dev],
         step_rewards=None if batch.step_rewards is None else batch.step_rewards[dev],
         tool_calls=None if batch.tool_calls is None else batch.tool_calls[index],
+        baseline_scores=None if batch.baseline_scores is None else batch.baseline_scores[index],
     )
 
 

@@ -114,11 +114,6 @@ def check_pieces(cfg) -> None:
             f"algo.loss={algo.loss} needs one advantage per response, but algo.advantage="
             f"{algo.advantage} gives one per token; use one of: {', '.join(fitting)}."
         )
-    if "greedy" in estimator.needs:
-        raise ConfigError(
-            f"algo.advantage={algo.advantage} needs a greedy response per prompt in each step, "
-            "which rlcli's samplers do not draw yet."
-        )
     if not 0.0 <= algo.top_entropy <= 1.0:
         raise ConfigError(
             f"algo.top_entropy={algo.top_entropy} must lie in [0, 1]: the share of tokens, "

@@ -81,6 +81,11 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
         batch, round_scores = sample_and_score(
             run.sampler, timed_scorer, run.tokenizer, problems, G, system_prompt(run.cfg)
         )
+        if "greedy" in advantage_piece(algo.advantage).needs:  # ReMax's baseline
+            _, greedy = sample_and_score(run.sampler, timed_scorer, run.tokenizer, problems, 1,
+                                         system_prompt(run.cfg), temperature=0.0)  # fmt: skip
+            baseline = greedy.total.repeat_interleave(G)
+            batch = dataclasses.replace(batch, baseline_scores=baseline)
         rounds.append(round_scores)
         scores = round_scores.total
         judged = filter_values(round_scores, algo.filter_metric, run.cfg.reward.components)
@@ -217,6 +222,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
             lam=algo.lam,
             whiten=algo.whiten_advantages,
             lengths=lengths,
+            greedy_scores=rollout.baseline_scores,
         ),
     )
     advantages = advantages.to(run.device)
