@@ -69,6 +69,8 @@ def _check_reward(cfg: Config) -> None:
             f"reward.weights={list(r.weights)} must hold one finite number per component of "
             f"reward.components={list(r.components)} (or be null: every weight 1)."
         )
+    from rlcli.train.pieces import needs
+
     process, stepwise = "process" in r.components, needs(cfg, "step_rewards")
     if process and len(r.components) > 1:
         raise ConfigError(
@@ -296,15 +298,10 @@ def _check_finite(value, key: str = "") -> None:
         )
 
 
-def needs(cfg: Config, what: str) -> bool:
-    """Whether the config's advantage estimator declares `what` among its needs."""
-    from rlcli.train.pieces import advantage_piece
-
-    return what in advantage_piece(cfg.algo.advantage).needs
-
-
 def _check_world(cfg: Config) -> None:
     """Under torchrun (WORLD_SIZE > 1): what data-parallel training supports."""
+    from rlcli.train.pieces import choose_over_minibatch, needs
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return
@@ -317,6 +314,8 @@ def _check_world(cfg: Config) -> None:
         "algo=dpo (preference pairs)": cfg.algo.objective == "dpo",
         f"algo.advantage={cfg.algo.advantage} (a critic)": needs(cfg, "critic"),
         "algo.ptx_coef > 0": cfg.algo.ptx_coef > 0,
+        f"algo.loss={cfg.algo.loss} or algo.top_entropy > 0 (tokens chosen over the whole "
+        "mini-batch)": choose_over_minibatch(cfg),
         "model.lora.rank > 0 (LoRA)": cfg.model.lora.rank > 0,
     }
     for what, used in unsupported.items():

@@ -88,6 +88,16 @@ def _load(spec: str, key: str, target: str, attr: str):
     return fn
 
 
+def needs(cfg, what: str) -> bool:
+    """Whether the config's advantage estimator declares `what` among its needs."""
+    return what in advantage_piece(cfg.algo.advantage).needs
+
+
+def choose_over_minibatch(cfg) -> bool:
+    """Whether tokens are chosen over the whole mini-batch (not gathered across ranks yet)."""
+    return cfg.algo.top_entropy > 0 or "minibatch_stats" in loss_piece(cfg.algo.loss).needs
+
+
 def check_pieces(cfg) -> None:
     """The loss and the estimator exist, their settings are theirs, and the run gives them
     what they declare they need; ConfigError naming the bad value otherwise."""
