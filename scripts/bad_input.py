@@ -107,7 +107,7 @@ BAD_INPUTS = [
     BadInput("unknown group choice", ["algo=nope"],
              "algo=nope is not one of the valid choices for algo: cispo, clip_cov, dapo, dcpo, "
              "dpo, dr_grpo, dupo, gmpo, gpg, grpo, gspo, gspo_token, kl_cov, luspo, opo, ppo, "
-             "reinforce_pp, reinforce_pp_baseline, rloo, sapo."),
+             "reinforce_pp, reinforce_pp_baseline, remax, rloo, sapo."),
     BadInput("unknown key", ["trainer.max_stpes=3"],
              "trainer.max_stpes is not a config key: trainer has no 'max_stpes'. Did you mean "
              "trainer.max_steps?"),
