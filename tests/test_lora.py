@@ -297,11 +297,11 @@ def test_dpo_with_lora_uses_the_base_model_as_reference_and_learns():
         assert lora.reference[key] == pytest.approx((chosen, rejected), abs=1e-4)
     pairs = lora.pairs.problems
     before = pair_metrics(lora, pairs)
-    assert before["loss/policy"] == pytest.approx(math.log(2), abs=1e-4)
+    assert before["loss"] == pytest.approx(math.log(2), abs=1e-4)
     for _ in range(10):
         dpo_step(lora)
     after = pair_metrics(lora, pairs)
-    assert after["reward/accuracy"] > 0.9 and after["loss/policy"] < math.log(2) - 0.15, after
+    assert after["reward/accuracy"] > 0.9 and after["loss"] < math.log(2) - 0.15, after
 
 
 def test_dropout_acts_in_the_learners_passes_only(tiny_model_dir):

@@ -96,7 +96,11 @@ def test_rlcli_train_writes_metrics_config_and_checkpoint(tmp_path):
 def test_rlcli_help_lists_commands_and_groups():
     assert "train" in rlcli("--help").stdout
     help_text = rlcli("train", "--help").stdout
-    algos = "algo: dapo, dcpo, dpo, dr_grpo, dupo, grpo, gspo, gspo_token, ppo, rloo"
+    algos = (
+        "algo: cispo, clip_cov, dapo, dcpo, dpo, dr_grpo, dupo, gmpo, gpg, grpo, gspo, "
+        "gspo_token, kl_cov, luspo, opo, ppo, reinforce_pp, reinforce_pp_baseline, remax, rloo, "
+        "sapo"
+    )
     rewards = "reward: countdown, dapo, dcpo, format, math, math_format, process, python, "
     for line in [algos, "model: smollm2_135m, tiny", rewards + "reward_model, space_rate"]:
         assert line in help_text

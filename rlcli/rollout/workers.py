@@ -275,8 +275,15 @@ class WorkerSampler:
             raise
         except Exception as err:
             if self.local is not None:
-                for i in range(len(self.urls)):
-                    self.local.check(i)
+                # A killed worker breaks the transfer before its process is seen to end: give
+                # it a moment to be reaped, so the message can name it.
+                deadline = time.monotonic() + 2.0
+                while True:
+                    for i in range(len(self.urls)):
+                        self.local.check(i)
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
             # One paragraph: the first line of what failed (a gloo error runs to many).
             what = next((line for line in str(err).splitlines() if line.strip()), "")
             what = f"{type(err).__name__}: {what.strip()[:300]}"
