@@ -609,15 +609,20 @@ def worker_killed_in_the_weight_push(tmp: Path) -> str | None:
     run_dir, workers = tmp / "run", ["sampler=vllm", "sampler.workers=1"]
     try:
         lost = rlcli(run_dir, *workers, "trainer.max_steps=3")
+        after_loss = _metrics_steps(run_dir)
         resumed = rlcli(run_dir, *workers, "trainer.max_steps=4", "trainer.resume=auto")
     finally:
         WorkerSampler._push, ParameterSource.__iter__ = push, parameters
         for sampler in dict.fromkeys(samplers):
             sampler.close()
-    if lost.traceback or lost.code != 4 or "stopped after step 2" not in lost.stderr:
-        return f"not a clear exit 4: {lost.code} {lost.stderr[-800:]} {lost.traceback}"
+    named = "rollout worker 0" in lost.stderr and "stopped after step 2" in lost.stderr
+    if lost.traceback or lost.code != 4 or not named or after_loss != [1, 2]:
+        return f"not a clear exit 4: {lost.code} {after_loss} {lost.stderr[-800:]} {lost.traceback}"
     if resumed.code != 0 or _metrics_steps(run_dir) != [1, 2, 3, 4]:
         return f"the steps logged are {_metrics_steps(run_dir)} ({resumed.stderr[-800:]})"
+    steps = [json.loads(line)["step"] for line in (run_dir / "samples.jsonl").open()]
+    if sorted(set(steps)) != [1, 2, 3, 4] or len(steps) != 4 * steps.count(1):
+        return f"samples.jsonl holds steps {steps}: not every step's responses once"
     return None
 
 
