@@ -1,5 +1,6 @@
-"""The peers' losses and estimators (ALGORITHMS.md Part 2) on hand-worked numbers, their
-gradients where the gradient is the point, and the registry that declares them."""
+"""The peers' losses and estimators (README "The peers' objectives", each from its paper) on
+hand-worked numbers, their gradients where the gradient is the point, and the registry that
+declares them."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Numeric tests of rlcli.ops on hand-worked values (ALGORITHMS.md worked examples)."""
+"""Numeric tests of rlcli.ops on hand-worked values (the papers' equations, worked by hand)."""
 
 import json
 import math
@@ -275,7 +275,7 @@ MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0,
     [
         ("token_mean", (1 + 2 + 3 + 5) / 4),  # all tokens / 4 tokens
         ("seq_mean_token_mean", ((1 + 2 + 3) / 3 + 5 / 1) / 2),  # 2 non-empty responses
-        # L = 4, and all 3 sampled responses count, the empty one too (ALGORITHMS.md)
+        # L = 4, and all 3 sampled responses count, the empty one too (Dr.GRPO, eq. 3)
         ("seq_mean_token_sum_norm", ((1 + 2 + 3) / 4 + 5 / 4) / 3),
         ("seq_sum_token_mean", (1 + 2 + 3) / 3 + 5 / 1),  # no mean over responses
     ],

@@ -113,7 +113,7 @@ def test_math_format_mixes_with_weights_and_logs_each_component():
 
 
 def test_dapo_reward_adds_the_soft_overlong_punishment():
-    # ALGORITHMS.md worked example 4 with L_max = 20, L_cache = 4: lengths 16, 18, 20.
+    # DAPO eq. 13 (soft overlong punishment) with L_max = 20, L_cache = 4: lengths 16, 18, 20.
     s = scorer("reward=dapo", "reward.overlong_cache_len=4", "sampler.max_new_tokens=20")
     responses = [Sample("q", "47", "47", {}, n) for n in (16, 18, 20)]
     scores = s(responses)

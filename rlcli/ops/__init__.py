@@ -1,4 +1,5 @@
-"""Pure tensor math for rlcli's objectives (see ALGORITHMS.md).
+"""Pure tensor math for rlcli's objectives (README "Algorithms are pieces"; each function
+cites its paper).
 
 ``advantages`` holds the advantage estimators, ``policy_loss`` the ratios, clip rules,
 surrogates, KL estimators, loss aggregations and the smaller losses (value, DPO),

@@ -1,4 +1,4 @@
-"""Advantage estimators (ALGORITHMS.md, "Advantage estimators").
+"""Advantage estimators (README "Algorithms are pieces"; each cites its paper).
 
 Outcome estimators take the rewards of P groups of G samples, ``[P, G]``, and return one
 advantage per response, ``[P, G]``; the caller broadcasts it over the response's tokens.
@@ -271,7 +271,7 @@ def process_advantages(x: AdvantageInputs) -> tuple[Tensor, None]:
     return torch.cat([grpo_process_advantages(r, e) for r, e in per_group]), None
 
 
-# --- the peers' estimators (ALGORITHMS.md Part 2) ----------------------------------------------
+# --- the peers' estimators (README "The peers' objectives") -------------------------------------
 
 
 def whiten_tokens(values: Tensor, mask: Tensor) -> Tensor:

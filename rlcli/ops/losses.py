@@ -1,5 +1,6 @@
-"""Per-token policy losses, `LOSSES`: the surrogate each algorithm minimises (ALGORITHMS.md,
-"Clipping" and "Per-token losses"), one function each, registered beside its definition.
+"""Per-token policy losses, `LOSSES`: the surrogate each algorithm minimises (README "The
+peers' objectives"; each docstring names its paper), one function each, registered beside
+its definition.
 
 A loss names the inputs it reads as parameters (any of `LOSS_INPUTS`, passed by keyword):
 

@@ -29,24 +29,21 @@ def is_file_spec(name: str) -> bool:
 
 def loss_piece(name: str) -> Piece:
     """`algo.loss`'s piece; ConfigError naming the bad value and the valid choices."""
-    if name in LOSSES:
-        return LOSSES[name]
-    if is_file_spec(name):
-        return _user_piece(name, "algo.loss")
-    raise ConfigError(f"algo.loss={name} is not a loss: {_choices(LOSSES)}.")
+    return _named_piece(name, "algo.loss", LOSSES, "a loss")
 
 
 def advantage_piece(name: str) -> Piece:
     """`algo.advantage`'s piece; ConfigError naming the bad value and the valid choices."""
-    if name in ADVANTAGES:
-        return ADVANTAGES[name]
+    return _named_piece(name, "algo.advantage", ADVANTAGES, "an estimator")
+
+
+def _named_piece(name: str, key: str, registry: dict, noun: str) -> Piece:
+    if name in registry:
+        return registry[name]
     if is_file_spec(name):
-        return _user_piece(name, "algo.advantage")
-    raise ConfigError(f"algo.advantage={name} is not an estimator: {_choices(ADVANTAGES)}.")
-
-
-def _choices(registry: dict) -> str:
-    return f"{', '.join(sorted(registry))}, or your own as 'path/to/file.py:function'"
+        return _user_piece(name, key)
+    choices = f"{', '.join(sorted(registry))}, or your own as 'path/to/file.py:function'"
+    raise ConfigError(f"{key}={name} is not {noun}: {choices}.")
 
 
 @functools.cache  # imported once per process, as a module is
