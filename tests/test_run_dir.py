@@ -44,9 +44,14 @@ def test_only_what_rlcli_marked_in_progress_is_deleted(tmp_path):
     (root / ".mine" / "keep.txt").write_text("not rlcli's")
     (root / ".step_2-interrupted").mkdir()
     (root / ".step_2-interrupted" / IN_PROGRESS).touch()
+    # Killed between mkdtemp and marking: empty, with the name only rlcli gives.
+    (root / ".step_3-k1lled_").mkdir()
+    (root / ".step_notmine").mkdir()
     train(compose([*TINY, "trainer.max_steps=2"]), tmp_path)
     assert (root / ".mine" / "keep.txt").is_file()
+    assert (root / ".step_notmine").is_dir()
     assert not (root / ".step_2-interrupted").exists()
+    assert not (root / ".step_3-k1lled_").exists()
     # Checkpoints are as readable as the user's other files (umask 022 here: 0644 / 0755).
     step = root / "step_2"
     assert step.stat().st_mode & 0o777 == 0o755

@@ -41,6 +41,7 @@ STATE_FILE = "trainer_state.json"
 TENSORS_FILE = "optimizer.pt"
 MANIFEST_FILE = "manifest.json"
 IN_PROGRESS = ".rlcli-in-progress"  # in a directory rlcli is writing or deleting
+UNMARKED_TEMP = re.compile(r"\.step_\d+-\w+$")  # the name mkdtemp gives a checkpoint being written
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -103,12 +104,20 @@ def _remove(path: Path) -> None:
 
 def remove_incomplete(run_dir: Path) -> list[str]:
     """Delete the directories rlcli marked in progress: checkpoints whose writing (or deletion)
-    was interrupted. Hidden directories without the marker are not rlcli's and stay."""
+    was interrupted. A process killed between creating `.step_N-*` and marking it leaves that
+    directory empty, so an empty one with rlcli's name goes too. Other hidden directories
+    without the marker are not rlcli's and stay."""
     root = Path(run_dir) / "checkpoints"
-    stale = [p for p in root.glob(".*") if (p / IN_PROGRESS).is_file()] if root.is_dir() else []
+    stale = [p for p in root.glob(".*") if _is_stale(p)] if root.is_dir() else []
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return [p.name for p in stale]
+
+
+def _is_stale(path: Path) -> bool:
+    if (path / IN_PROGRESS).is_file():
+        return True
+    return bool(UNMARKED_TEMP.match(path.name)) and path.is_dir() and not any(path.iterdir())
 
 
 def _sha256(path: Path) -> str:
