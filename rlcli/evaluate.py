@@ -1,5 +1,6 @@
-"""`rlcli eval`: greedy accuracy and pass@k of a model on the held-out split, into eval.json.
-The metrics themselves are `train.held_out`'s, which `trainer.eval_every` also uses."""
+"""`rlcli eval`: greedy accuracy and pass@k of a model on the held-out split, into eval.json,
+and every problem's replies with their rewards into eval_samples.jsonl. The evaluation itself
+is `train.held_out`'s, which `trainer.eval_every` also uses."""
 
 from __future__ import annotations
 
@@ -10,13 +11,12 @@ from pathlib import Path
 from rlcli.config import Config
 from rlcli.data import load_splits
 from rlcli.env import system_prompt
-from rlcli.train.held_out import EVAL_SEED, evaluate
-
-# Evaluation's seed offset from trainer.seed, far from the training stream's call counts.
+from rlcli.train.held_out import EVAL_SAMPLES_FILE, EVAL_SEED, evaluate, write_eval_samples
 
 
 def evaluate_model(cfg: Config, run_dir: Path) -> dict:
-    """`rlcli eval`: evaluate the configured model on the held-out split; write eval.json."""
+    """`rlcli eval`: evaluate the configured model on the held-out split; write eval.json (the
+    metrics, to 6 decimals) and eval_samples.jsonl (per problem)."""
     from rlcli.rewards.sampling import frozen_sampling
     from rlcli.runtime.seed import seed_everything
 
@@ -34,7 +34,7 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
     n = min(len(test), cfg.eval.max_problems or len(test))
     print(f"rlcli: evaluating {model_path} on {n} held-out problems of data={cfg.data.name}")
     start = time.perf_counter()
-    results = evaluate(
+    result = evaluate(
         sampler,
         scorer,
         tokenizer,
@@ -44,6 +44,7 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
         t.seed + EVAL_SEED,
         progress=cfg.logger.progress,
     )
+    results = {key: round(value, 6) for key, value in result.metrics.items()}
     report = {
         "model": model_path,
         "data": cfg.data.name,
@@ -54,12 +55,14 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
         "temperature": cfg.eval.temperature,
         "top_p": cfg.eval.top_p,
         "correct_above": cfg.eval.correct_above,
-        "time_s": time.perf_counter() - start,
+        "time_s": round(time.perf_counter() - start, 2),
     }
     (run_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    samples = write_eval_samples(result.problems, run_dir / EVAL_SAMPLES_FILE)
     passes = ", ".join(f"{k} {v:.3f}" for k, v in results.items() if k.startswith("pass@"))
     rate = results.get("tool_call_rate")
     calls = "" if rate is None else f"; tool calls in {rate:.3f}"
     print(f"rlcli: accuracy {results['accuracy']:.3f} (greedy{calls}); {passes}")
     print(f"rlcli: wrote {run_dir / 'eval.json'}")
+    print(f"rlcli: each problem's replies, rewards and correctness in {samples}")
     return report

@@ -69,6 +69,7 @@ def export_command(argv: list[str]) -> None:
         raise ConfigError(_unwritable(out, err)) from None
     if is_adapter_dir(source):
         print(f"rlcli: merging the LoRA adapters of {source} into {base} ...")
+    _no_progress_bars()
     try:
         export_merged(source, out, args.dtype)
     # A full disk midway (safetensors reports it as its own error): no half-written model is
@@ -77,6 +78,16 @@ def export_command(argv: list[str]) -> None:
         _remove_written(out, made)
         raise ConfigError(_unwritable(out, err)) from None
     print(f"rlcli: wrote a Hugging Face model to {out} (load it with model.path={out})")
+
+
+def _no_progress_bars() -> None:
+    """transformers and the hub draw a bar for every load and write ("Loading weights",
+    "Writing model shards"); rlcli's lines say what is done (off for the rest of the command)."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
 
 
 def _remove_written(out: Path, made: bool) -> None:

@@ -19,8 +19,10 @@ def plot_command(argv: list[str]) -> None:
     """`rlcli plot RUN_DIR... [--out FILE]`."""
     parser = argparse.ArgumentParser(
         prog="rlcli plot",
-        description="Redraw the training curves of runs side by side (one line per run in "
-        "each panel: reward, response length, entropy, clip fraction, KL).",
+        description="Redraw the training curves of runs side by side, as each run's "
+        "curves.png (one line per run in each panel: reward, held-out accuracy, loss, gradient "
+        "norm, response length, entropy, clip fraction, KL, a learning rate that moves, tool "
+        "calls and errors).",
     )
     parser.add_argument(
         "run_dirs",

@@ -13,6 +13,11 @@
 
 `SweepSummary` is the Hydra callback (registered under `hydra.callbacks` in conf/config.yaml)
 that calls it. A job is any directory under the sweep holding Hydra's `.hydra/overrides.yaml`.
+
+Each job's directory is named by `job_dirname` (the `rlcli_job_dirname` resolver in
+`hydra.sweep.subdir`): its number and the overrides that vary across the sweep, shortened
+(`1_algo=dapo,lr=0.01`); `rlcli train -m` passes the ones that do not vary in
+`hydra.job.config.override_dirname.exclude_keys` (`fixed_keys_override`).
 """
 
 from __future__ import annotations
@@ -241,6 +246,73 @@ def write_csv(path: Path, jobs: list[JobSummary]) -> None:
             writer.writerow({k: "" if v is None else v for k, v in row.items()})
 
 
+def override_key(override: str) -> str:
+    """The key an override sets, as Hydra's `key_or_group` (no +/~ prefix, no @package)."""
+    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+
+
+EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+# Longest value kept in a job directory's name; a longer one keeps its end (a file's name).
+VALUE_CHARS = 32
+
+
+def fixed_keys_override(overrides: list[str]) -> list[str]:
+    """`[hydra.job.config.override_dirname.exclude_keys=[...]]`: the keys of a sweep's command
+    line that take one value (not `a,b`, `range(...)`, ...), so that each job's directory is
+    named by the others; [] when the command line sets exclude_keys itself."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if any(override_key(o) == EXCLUDE_KEYS for o in overrides):
+        return []
+    own = [o for o in overrides if not override_key(o).startswith("hydra")]
+    parsed = OverridesParser.create().parse_overrides(own)
+    fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override()})
+    return [f"{EXCLUDE_KEYS}=[{','.join(repr(k) for k in fixed)}]"]
+
+
+def short_value(value: str) -> str:
+    """A value fit for a directory name: a path's last two parts joined by '-', at most
+    VALUE_CHARS characters (the end kept)."""
+    parts = [part for part in value.split("/") if part] or [value]
+    value = "-".join(parts[-2:])
+    return value if len(value) <= VALUE_CHARS else "~" + value[-(VALUE_CHARS - 1) :]
+
+
+def job_dirname(num, task_overrides, fixed_keys) -> str:
+    """A sweep job's directory: its number, then its overrides whose keys are not in
+    `fixed_keys`, each key by its last part where no other such key ends the same
+    (`3_algo=dapo,lr=0.01`); the number alone when nothing varies. The number keeps it unique."""
+    fixed = {str(k) for k in fixed_keys or ()}
+    varied = [str(o) for o in task_overrides or () if override_key(str(o)) not in fixed]
+    keys = [override_key(o) for o in varied]
+    last = [k.replace("/", ".").rsplit(".", 1)[-1] for k in keys]
+    parts = []
+    for override, key, short in zip(varied, keys, last, strict=True):
+        name = short if last.count(short) == 1 else key.replace("/", ".")
+        parts.append(f"{name}={short_value(override.split('=', 1)[-1])}")
+    return "_".join([str(num), ",".join(parts)]) if parts else str(num)
+
+
+def varied_keys(jobs: list[JobSummary]) -> list[str]:
+    """The keys whose overrides differ between the jobs, in the order the first job lists them
+    (none for a single job)."""
+    if len(jobs) < 2:
+        return []
+    shared = set(shared_overrides(jobs))
+    keys = [override_key(o) for job in jobs for o in job.overrides if o not in shared]
+    return list(dict.fromkeys(keys))
+
+
+def chart_title(jobs: list[JobSummary], runs: dict[str, list[dict]]) -> str:
+    """summary.png's title: the metrics drawn and what varied, `reward/mean and eval/accuracy
+    for each algo × trainer.lr (4 jobs)`."""
+    drawn = [panel_key(p, rows) for p in (REWARD, HELD_OUT) for rows in runs.values()]
+    metrics = " and ".join(dict.fromkeys(k for k in drawn if k)) or "no metrics"
+    keys = varied_keys(jobs)
+    over = f" for each {' × '.join(keys)}" if keys else ""
+    return f"{metrics}{over} ({len(jobs)} job{'s' if len(jobs) != 1 else ''})"
+
+
 def write_summary(sweep_dir: Path) -> list[JobSummary]:
     """Write summary.md, summary.csv and summary.png into `sweep_dir`; return the rows."""
     sweep_dir = Path(sweep_dir)
@@ -254,7 +326,8 @@ def write_summary(sweep_dir: Path) -> list[JobSummary]:
         for job, d in zip(jobs, dirs, strict=True)
         if (d / METRICS_FILE).is_file()
     }
-    draw_curves(curves, sweep_dir / "summary.png", f"sweep {sweep_dir.name}", (REWARD, HELD_OUT))
+    title = chart_title(jobs, curves)
+    draw_curves(curves, sweep_dir / "summary.png", title, (REWARD, HELD_OUT))
     return jobs
 
 

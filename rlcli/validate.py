@@ -13,7 +13,6 @@ import dataclasses
 import importlib.util
 import math
 import os
-import re
 from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -25,7 +24,7 @@ from rlcli.config.schema import CONF_DIR, VLLM_HEAD_SIZES, Config, ConfigError
 def _choices() -> dict[str, list[str]]:
     """Allowed values of the string fields that pick a piece, read from the registries."""
     from rlcli.data import DATASETS
-    from rlcli.data.records import ANSWER_FORMATS
+    from rlcli.data.answers import ANSWER_FORMATS
     from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
     from rlcli.rollout.samplers import SAMPLERS
     from rlcli.train.loop import TRAINERS
@@ -49,28 +48,11 @@ def _choices() -> dict[str, list[str]]:
 
 
 def _check_reward(cfg: Config) -> None:
-    from rlcli.rewards.scorer import COMPONENTS
-
-    r = cfg.reward
-    if not r.components or len(set(r.components)) < len(r.components):
-        raise ConfigError(
-            f"reward.components={list(r.components)} must name one or more different "
-            f"components, e.g. reward.components=[math,format]. Components: "
-            f"{', '.join(COMPONENTS)}."
-        )
-    for name in r.components:
-        if name not in COMPONENTS:
-            raise ConfigError(
-                f"reward.components has {name!r}, which is not one of the valid components: "
-                f"{', '.join(COMPONENTS)}."
-            )
-    if r.weights is not None and len(r.weights) != len(r.components):  # finite: _check_finite
-        raise ConfigError(
-            f"reward.weights={list(r.weights)} must hold one finite number per component of "
-            f"reward.components={list(r.components)} (or be null: every weight 1)."
-        )
+    from rlcli.rewards.components import check_reward_config
     from rlcli.train.pieces import needs
 
+    r = cfg.reward
+    check_reward_config(r, cfg.sampler.max_new_tokens)
     process, stepwise = "process" in r.components, needs(cfg, "step_rewards")
     if process and len(r.components) > 1:
         raise ConfigError(
@@ -82,34 +64,6 @@ def _check_reward(cfg: Config) -> None:
             f"algo.advantage={cfg.algo.advantage} with reward.components={list(r.components)}: "
             "process rewards (reward=process) and the grpo_process advantage only work "
             "together; use both (reward=process algo.advantage=grpo_process) or neither."
-        )
-    for name in ("reward_model", "process"):
-        if name in r.components and not r.model_path:
-            raise ConfigError(
-                f"reward component {name!r} needs reward.model_path=<local dir or hub id> of "
-                "the reward model."
-            )
-    if "python" in r.components and not r.function:
-        raise ConfigError(
-            "reward=python needs reward.function=<module:function or path/file.py:function>."
-        )
-    if {"format", "dcpo"} & set(r.components):
-        try:
-            re.compile(r.pattern)
-        except re.error as err:
-            raise ConfigError(
-                f"reward.pattern={r.pattern!r} is not a valid regular expression ({err})."
-            ) from None
-    if not 0 <= r.overlong_cache_len < cfg.sampler.max_new_tokens:
-        raise ConfigError(
-            f"reward.overlong_cache_len={r.overlong_cache_len} must be >= 0 and smaller than "
-            f"sampler.max_new_tokens={cfg.sampler.max_new_tokens} (the punishment ramps over "
-            "the last overlong_cache_len tokens before the limit)."
-        )
-    if r.timeout_s < 0 or r.batch_size < 1 or r.max_length < 1:
-        raise ConfigError(
-            f"reward.timeout_s={r.timeout_s} must be >= 0 (0 = no limit), reward.batch_size="
-            f"{r.batch_size} and reward.max_length={r.max_length} >= 1."
         )
 
 
@@ -238,7 +192,9 @@ def _check_ranges(cfg: Config) -> None:
             "algo.dynamic_sampling=true and algo.dupo_fill=true both replace zero-signal groups; "
             "choose one (DAPO re-samples, DUPO duplicates)."
         )
-    metrics = ["correctness", "total", *cfg.reward.components]
+    from rlcli.rewards.components import component_names
+
+    metrics = ["correctness", "total", *component_names(cfg.reward)]  # python: its functions
     if a.filter_metric not in metrics:
         raise ConfigError(
             f"algo.filter_metric={a.filter_metric!r} is not one of the valid choices: "
@@ -347,9 +303,11 @@ def validate(raw: DictConfig) -> Config:
     _check_ranges(cfg)
     from rlcli.env.tools import check_env
     from rlcli.rollout.servers import check_worker_settings
+    from rlcli.train.run import check_lr_schedule
 
     check_env(cfg)
     check_worker_settings(cfg.sampler)  # sampler.urls, worker_timeout_s, serve_port
+    check_lr_schedule(cfg.trainer)  # trainer.lr_scheduler and its settings
     if cfg.sampler.async_rollout:
         # A batch one update old: the sampler, not the learner, is its behaviour policy.
         cfg.sampler.old_logp = "sampler"
@@ -360,9 +318,9 @@ def validate(raw: DictConfig) -> Config:
 
 def auto_old_logp(cfg: Config) -> str:
     """`sampler.old_logp=auto`: the sampler's log-probs when vLLM samples in bfloat16, where
-    its kernels and the learner's disagree by ~0.03 per token (the README's demo gained
-    accuracy from correcting it on every seed); else the learner's (the hf sampler has no
-    log-probs of its own, and in float32 the two agree to ~1e-6)."""
+    its kernels and the learner's disagree by ~0.03 per token (the default demo gained
+    accuracy from correcting it on every seed, docs/tracking.md); else the learner's (the hf
+    sampler has no log-probs of its own, and in float32 the two agree to ~1e-6)."""
     from rlcli.runtime.models import compute_dtype, pick_device
 
     bf16 = compute_dtype(cfg.trainer, pick_device(cfg.trainer.device)) == "bfloat16"

@@ -1,7 +1,7 @@
 """Bad input and faults, tried on the real `rlcli train` through scripts/bad_input.py (which
-also prints the README's table and its tally): each bad input exits with code 2 and one
-message naming the bad value and what would be valid, with no Python traceback; each fault
-leaves no run silently wrong."""
+also writes the table and its tally of docs/reliability.md): each bad input exits with code 2
+and one message naming the bad value and what would be valid, with no Python traceback; each
+fault leaves no run silently wrong."""
 
 import importlib.util
 import sys

@@ -20,10 +20,11 @@ import yaml
 
 from rlcli.config import CONF_DIR, ConfigError, DataConfig
 from rlcli.data import DATASETS, load_splits
+from rlcli.data.answers import ANSWER_FORMATS, boxed_answer, gsm8k_answer
 from rlcli.data.countdown import MAX_EXPRESSION_CHARS, countdown_problem, countdown_score
 from rlcli.data.generated import arith_splits
 from rlcli.data.problems import PromptStream, render_prompt, write_records
-from rlcli.data.records import ANSWER_FORMATS, boxed_answer, gsm8k_answer, read_texts
+from rlcli.data.records import read_texts
 from rlcli.runtime.models import load_tokenizer, smollm2_dir
 from rlcli.validate import section
 

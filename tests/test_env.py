@@ -73,8 +73,9 @@ def test_search_finds_the_document_that_holds_the_answer():
 def test_toolbox_cuts_output_and_names_the_tools_on_a_wrong_call():
     box = Toolbox(env_section(tool_output_chars=10))
     long = box.call("<tool>calculator</tool><args>10 ** 50</args>")
-    assert long.text == "1" + "0" * 9 + " [cut]" and not long.error
-    wrong = box.call("<tool>calc</tool><args>1+1</args>")
+    assert (long.tool, long.input) == ("calculator", "10 ** 50")
+    assert long.result.text == "1" + "0" * 9 + " [cut]" and not long.result.error
+    wrong = box.call("<tool>calc</tool><args>1+1</args>").result
     assert wrong.error and "no tool named 'calc'; the tools are calculator" in wrong.text
 
 
@@ -156,7 +157,7 @@ def test_python_tool_imports_the_installed_packages():
 
 
 def test_unsandboxed_python_tool_still_has_its_limits_and_hook():
-    """env.sandbox=none: no box, the old obstacles (not a sandbox; README says so)."""
+    """env.sandbox=none: no box, the old obstacles (not a sandbox; docs/tools.md says so)."""
     hang = run_python("while True: pass", 1, 512, sandbox="none")
     assert hang.timeout
     refused = run_python("import ctypes; ctypes.CDLL(None)", 5, 512, sandbox="none")
@@ -273,6 +274,33 @@ def test_episode_turns_masks_and_truncation(tiny_model_dir):
     assert m["env/turns_mean"] == (2 + 1 + 3 + 1 + 2) / 5
     assert (m["env/tool_calls"], m["env/tool_errors"], m["env/timeouts"]) == (4, 1, 0)
     assert m["env/tool_call_rate"] == 3 / 5
+    # The transcripts (samples.jsonl's `episode`): every turn in order, which trained.
+    first = batch.episodes[0]
+    assert first["turns"] == [
+        {"role": "assistant", "text": f"Let me compute. {CALL}", "end": "call",
+         "tokens": len(turn1), "trained": True},
+        {"role": "tool", "tool": "calculator", "input": "12345 * 6789",
+         "output": str(12345 * 6789), "error": False, "timeout": False,
+         "tokens": len(tool_ids), "trained": False},
+        {"role": "assistant", "text": "Done, thanks.", "end": "eos", "tokens": len(turn2),
+         "trained": True},
+    ]  # fmt: skip
+    assert (first["trained_tokens"], first["context_tokens"]) == (
+        len(turn1) + len(turn2),
+        len(tool_ids),
+    )
+    assert [e["stopped"] for e in batch.episodes] == [
+        "answer", "answer", "max_turns", "length", "answer",
+    ]  # fmt: skip
+    assert [t["role"] for t in batch.episodes[2]["turns"]] == [
+        "assistant", "tool", "assistant", "tool", "assistant",
+    ]  # fmt: skip
+    wrong = batch.episodes[4]["turns"][1]
+    assert (wrong["tool"], wrong["input"], wrong["error"]) == ("abacus", "1+1", True)
+    assert "no tool named 'abacus'" in wrong["output"]
+    for e, mask in zip(batch.episodes, batch.response_mask, strict=True):
+        trained = sum(t["tokens"] for t in e["turns"] if t["trained"])
+        assert e["trained_tokens"] == mask.sum() == trained
 
 
 def test_an_episode_ends_when_the_tool_output_would_leave_no_room(tiny_model_dir):
@@ -285,6 +313,64 @@ def test_an_episode_ends_when_the_tool_output_would_leave_no_room(tiny_model_dir
     batch = sampler.sample([prompt], 1, ["0"], ["1"])
     assert batch.truncated.tolist() == [True] and batch.tool_calls.tolist() == [1]
     assert batch.response_mask.sum() == batch.attention_mask[:, batch.prompt_width :].sum()
+    (episode,) = batch.episodes
+    assert episode["stopped"] == "max_tokens" and episode["context_tokens"] == 0
+    tool = episode["turns"][1]
+    assert tool["output"] == "1" + "0" * 300 and tool["tokens"] == 0  # run, never read
+
+
+def test_an_episode_in_the_chat_templates_format_is_the_templates_own_conversation(
+    tiny_model_dir,
+):
+    """env.tool_format=chat_template: the model calls in the template's format, the tool's
+    output comes back as a tool message, and prompt + episode are token for token what the
+    template writes for that conversation, with only the model's words in the loss. (The
+    template, in Qwen2.5's format, is tests/fixtures/tool_chat_template.jinja: no Qwen
+    tokenizer can be downloaded here.)"""
+    from rlcli.data.problems import render_prompt
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = (RECIPES_DIR.parent / "tests" / "fixtures" /
+                               "tool_chat_template.jinja").read_text()  # fmt: skip
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12345 * 6789"}}\n'
+    call += "</tool_call>"
+    engine = ScriptedEngine(tokenizer, {0: [call, "It is 83810205."]})
+    env = env_section(tool_format="chat_template")
+    sampler = EpisodeSampler(engine, tokenizer, env, section("sampler", "hf"))
+    question = "What is 12345 * 6789?"
+    prompt = render_prompt(tokenizer, question, None, sampler.prompt_tools)
+    engine.prompts = [tokenizer(prompt, add_special_tokens=False).input_ids]
+    batch = sampler.sample([prompt], 1, ["0"], ["83810205"])
+
+    conversation = [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {
+                "name": "calculator", "arguments": {"expression": "12345 * 6789"}}}]},
+        {"role": "tool", "content": "83810205"},
+        {"role": "assistant", "content": "It is 83810205."},
+    ]  # fmt: skip
+    written = tokenizer.apply_chat_template(
+        conversation, tools=sampler.prompt_tools, tokenize=False
+    )
+    n = int(batch.attention_mask[0, batch.prompt_width :].sum())
+    seen = tokenizer.decode(engine.prompts[0] + batch.response_ids[0, :n].tolist())
+    assert seen + "\n" == written  # the template closes the last turn with a newline
+    said = tokenizer(call, add_special_tokens=False).input_ids
+    tool = tokenizer.decode(batch.response_ids[0, len(said) :].tolist())
+    assert tool.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n83810205\n")
+    mask = batch.response_mask[0, :n].tolist()
+    answer = len(tokenizer("It is 83810205.", add_special_tokens=False).input_ids) + 1
+    tool_tokens = n - len(said) - answer
+    assert mask == [1] * len(said) + [0] * tool_tokens + [1] * answer
+    episode = batch.episodes[0]
+    assert [t["role"] for t in episode["turns"]] == ["assistant", "tool", "assistant"]
+    assert episode["turns"][1] == {
+        "role": "tool", "tool": "calculator", "input": "12345 * 6789", "output": "83810205",
+        "error": False, "timeout": False, "tokens": tool_tokens, "trained": False,
+    }  # fmt: skip
+    assert episode["trained_tokens"] == len(said) + answer
+    assert episode["context_tokens"] == tool_tokens
 
 
 def test_hf_sampler_cuts_a_generated_row_at_the_call_eos_or_budget(tiny_model_dir):
@@ -320,6 +406,7 @@ def test_tool_failures_are_counted_per_batch():
             "<tool>calculator</tool><args>6 * 7</args>",
         ]
     )
+    results = [call.result for call in results]
     assert [r.timeout for r in results] == [True, False, False, False, False]
     assert [r.error for r in results] == [False, True, True, True, False]
     assert results[-1].text == "42"
@@ -397,7 +484,11 @@ def test_micro_batches_keep_the_tool_turns_inside_a_response():
         (["env=search"], "env.corpus=None is not a file"),
         (["env=calculator", "env.tools=[]"], "needs at least one tool"),
         (["env=calculator", "env.max_turns=0"], "env.max_turns=0 must be at least 1"),
-        (["env=calculator", "sampler.workers=2"], "rollout workers"),
+        (["env=calculator", "env.tool_format=json"], "env.tool_format='json' is not a tool"),
+        (
+            ["env=calculator", "sampler.workers=1", "sampler.async_rollout=true"],
+            "sampler.async_rollout=true .* does not run episodes",
+        ),
         (["algo=dpo", "data=pairs", "data.path=p.jsonl", "env=calculator"], "samples nothing"),
     ],
 )
@@ -461,5 +552,57 @@ def test_smollm2_calls_the_calculator_in_a_two_step_grpo_run_on_vllm():
     tool_tokens = batch.attention_mask[:, batch.prompt_width :] - batch.response_mask
     assert torch.all(tool_tokens[calls > 0].sum(-1) > 0) and torch.all(tool_tokens[calls == 0] == 0)
     assert torch.all(batch.sampler_logp[tool_tokens.bool()] == 0)
+    # Each transcript holds the call's tool turn, its context tokens those masked out above.
+    for episode, calls_made, n in zip(batch.episodes, calls, tool_tokens.sum(-1), strict=True):
+        assert episode["calls"] == calls_made and episode["context_tokens"] == n
+        if calls_made:
+            assert episode["turns"][1]["role"] == "tool" and episode["turns"][1]["output"]
     metrics = train_step(run)  # the tiny model's run above makes two steps; one does here
     assert math.isfinite(metrics["loss/policy"]) and metrics["env/turns_mean"] >= 1
+
+
+def test_samples_jsonl_holds_each_whole_episode_and_the_table_its_calls(tmp_path, capsys):
+    """A real one-step run (tiny model, sampler=hf): each samples.jsonl line of an episode has
+    the existing fields and `episode`, its turns and token counts; the console table adds the
+    number of calls. (Tool turns in a transcript: the scripted tests above.)"""
+    import json
+
+    from rlcli.train.loop import train
+
+    cfg = compose(["model=tiny", "sampler=hf", "env=calculator", "trainer.max_steps=1",
+                   "trainer.prompts_per_step=2", "trainer.group_size=2", "env.max_tokens=24",
+                   "sampler.max_new_tokens=8", "logger.progress=false",
+                   "logger.print_samples_every=1"])  # fmt: skip
+    train(cfg, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    for row in rows:
+        assert {"step", "prompt", "response", "reward", "length", "advantage"} <= row.keys()
+        episode = row["episode"]
+        model_turns = [t for t in episode["turns"] if t["role"] == "assistant"]
+        assert model_turns and all(t["trained"] for t in model_turns)
+        assert "".join(t["text"] for t in model_turns) == row["response"]
+        assert episode["trained_tokens"] == row["length"]
+        assert episode["stopped"] in ("answer", "length", "max_turns", "max_tokens")
+    out = capsys.readouterr().out
+    assert "reward, advantage, length, tool calls)" in out
+    assert "calls  prompt" in out
+
+
+def test_a_single_turn_samples_row_is_as_it_was(tmp_path):
+    from rlcli.tracking.samples import sample_rows, samples_table
+    from rlcli.tracking.trackers import ScoredSample
+
+    plain = ScoredSample("What is 2+2?", "4", "4", 1.0, "p0", {"math": 1.0}, 2)
+    [row] = sample_rows(3, [plain], {("p0", "4"): 0.5})
+    assert list(row) == ["step", "problem_id", "prompt", "response", "answer", "reward",
+                         "components", "length", "advantage"]  # fmt: skip
+    assert "calls" not in samples_table([row])
+    episode = {"turns": [], "calls": 2, "errors": 0, "timeouts": 0, "trained_tokens": 2,
+               "context_tokens": 9, "stopped": "answer"}  # fmt: skip
+    tooled = ScoredSample("What is 2+2?", "4", "4", 1.0, "p0", {}, 2, episode)
+    [row] = sample_rows(3, [tooled], {})
+    assert row["episode"] == episode
+    table = samples_table([row]).splitlines()
+    assert table[0].split()[:4] == ["reward", "adv", "len", "calls"]
+    assert table[1].split()[:4] == ["1.000", "-", "2", "2"]

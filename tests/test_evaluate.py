@@ -55,7 +55,22 @@ def test_rlcli_eval_writes_accuracy_and_pass_at_k(tmp_path):
     assert report["problems"] == 12 and report["accuracy"] == pytest.approx(even)
     assert report["pass@1"] == pytest.approx(even) and report["pass@4"] == pytest.approx(even)
     assert {"pass@2", "k", "temperature", "time_s"} <= set(report)
+    # Exact fractions, not float32's 0.4166666567325592.
+    assert report["accuracy"] == round(even, 6) and report["pass@1"] == round(even, 6)
     assert f"accuracy {even:.3f} (greedy)" in out.stdout
+    # Each problem's replies, rewards and correctness, and the line saying where they are.
+    samples = tmp_path / "run" / "eval_samples.jsonl"
+    assert f"rlcli: each problem's replies, rewards and correctness in {samples}" in out.stdout
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert [r["id"] for r in records] == [p.id for p in test]
+    for record, problem in zip(records, test, strict=True):
+        right = int(problem.answer) % 2 == 0
+        assert record["prompt"] == problem.question and record["answer"] == problem.answer
+        assert len(record["samples"]) == 4 and record["correct_samples"] == 4 * right
+        for reply in [record["greedy"], *record["samples"]]:
+            assert reply["reward"] == float(right) and reply["correct"] is right
+            assert list(reply["components"].values()) == [float(right)]  # its one component
+            assert isinstance(reply["response"], str) and isinstance(reply["truncated"], bool)
 
 
 def test_evaluation_is_greedy_and_leaves_the_training_samples_alone():
@@ -108,3 +123,48 @@ def test_eval_top_p_shapes_the_pass_at_k_samples():
     # vLLM gets the same override through its sampling parameters.
     assert sampling_settings(cfg.sampler, 4, {0}, 1.0, 0.7)["top_p"] == 0.7
     assert sampling_settings(cfg.sampler, 4, {0}, 1.0)["top_p"] == cfg.sampler.top_p
+
+
+def test_val_before_train_logs_step_0_once_and_the_latest_replies(tmp_path, capsys):
+    from rlcli.train.loop import train
+
+    overrides = [
+        "model=tiny", "reward=space_rate", "sampler=hf", "sampler.max_new_tokens=8",
+        "trainer.prompts_per_step=2", "trainer.eval_every=2", "trainer.val_before_train=true",
+        "eval.max_problems=3", "eval.k=2", "eval.correct_above=0.05", "logger.progress=false",
+    ]  # fmt: skip
+    train(compose([*overrides, "trainer.max_steps=2"]), tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    # Step 0 is a row of the held-out metrics alone, named as trainer.eval_every's.
+    assert set(rows[0]) == {"step"} | {k for k in rows[2] if k.startswith("eval/")}
+    shown = f"accuracy {rows[0]['eval/accuracy']:.3f}, pass@1 {rows[0]['eval/pass@1']:.3f}"
+    assert f"rlcli: held-out before training (step 0): {shown}" in capsys.readouterr().out
+    replies = [
+        json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()
+    ]
+    assert len(replies) == 3 and {r["step"] for r in replies} == {2}  # the latest evaluation's
+
+    # A resume does not evaluate the initial weights again.
+    train(compose([*overrides, "trainer.max_steps=3"]), tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "before training" not in capsys.readouterr().out
+
+
+def test_val_before_train_without_a_held_out_split_says_so_and_trains(tmp_path, capsys):
+    from rlcli.train.loop import train
+
+    cfg = compose(
+        ["model=tiny", "reward=space_rate", "sampler=hf", "sampler.max_new_tokens=4",
+         "trainer.prompts_per_step=2", "trainer.max_steps=1", "trainer.val_before_train=true",
+         "data.num_test=0", "logger.progress=false"]
+    )  # fmt: skip
+    train(cfg, tmp_path)
+    out = capsys.readouterr().out
+    assert (
+        "rlcli: trainer.val_before_train: data=arith has no held-out split, so nothing is "
+        "evaluated before step 1 (set data.num_test or data.test_path)." in out
+    )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]

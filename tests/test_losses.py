@@ -1,4 +1,4 @@
-"""The peers' losses and estimators (README "The peers' objectives", each from its paper) on
+"""The peers' losses and estimators (docs/algorithms.md, each from its paper) on
 hand-worked numbers, their gradients where the gradient is the point, and the registry that
 declares them."""
 

@@ -218,7 +218,9 @@ def test_a_batch_call_that_hangs_spends_the_batch_time_once(from_file):
     assert time.perf_counter() - start < 1.5 + 0.4  # the budget, and fresh workers started
     assert scores.total[[0, 2]].tolist() == [1.0, 1.0]
     assert scores.missing.tolist() == [False, True, False]
-    assert scores.errors == ["python: RewardTimeout: took longer than reward.timeout_s=0.5 s"]
+    assert scores.errors == [
+        "hangs_on_seven: RewardTimeout: took longer than reward.timeout_s=0.5 s"
+    ]
     assert s(samples("1", "2")).total.tolist() == [1.0, 1.0]
 
 
@@ -229,18 +231,20 @@ def test_a_sample_stuck_in_c_costs_at_most_timeout_s(from_file):
     assert time.perf_counter() - start < 4  # the batch's 4 x 1 s, however it is spent
     assert scores.total[[0, 2, 3]].tolist() == [1.0, 2.0, 3.0]
     assert scores.missing.tolist() == [False, True, False, False]
-    assert scores.errors == ["python: RewardTimeout: took longer than reward.timeout_s=1 s"]
+    assert scores.errors == [
+        "one_at_a_time_sleeps_on_seven: RewardTimeout: took longer than reward.timeout_s=1 s"
+    ]
     assert s(samples("4")).total.tolist() == [4.0]
 
 
 @pytest.mark.parametrize(
     ("word", "named"),
     [
-        ("exit", "python: SystemExit: 3"),
-        ("interrupt", "python: KeyboardInterrupt"),
-        ("os_exit", "python: the reward worker exited with code 1"),
-        ("segfault", "python: the reward worker was killed by SIGSEGV"),
-        ("string", "python: returned '1.0', a str, not a number"),
+        ("exit", "misbehaves: SystemExit: 3"),
+        ("interrupt", "misbehaves: KeyboardInterrupt"),
+        ("os_exit", "misbehaves: the reward worker exited with code 1"),
+        ("segfault", "misbehaves: the reward worker was killed by SIGSEGV"),
+        ("string", "misbehaves: returned '1.0', a str, not a number"),
     ],
 )
 def test_a_function_that_exits_crashes_or_returns_a_string_costs_that_sample(
@@ -264,7 +268,7 @@ def test_what_a_function_prints_goes_to_stderr(from_file, capfd):
 def test_the_worker_does_not_load_torch_and_goes_with_its_scorer(from_file):
     s = from_file("torch_is_loaded")
     assert s(samples("a")).total.tolist() == [0.0]
-    process = s.worker._proc
+    process = s.workers["torch_is_loaded"]._proc
     del s
     gc.collect()
     assert process.returncode is not None  # killed and reaped

@@ -176,6 +176,19 @@ def test_wandb_offline_gets_config_every_step_and_a_samples_table(tmp_path):
     assert is_png(run_dir / "curves.png")
 
 
+def test_wandb_without_an_api_key_is_a_config_error_naming_offline(tmp_path, monkeypatch):
+    from rlcli.tracking.trackers import WandbRun
+
+    for name in (*WANDB_HOME_VARS, "HOME"):
+        monkeypatch.setenv(name, str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # no stored key either
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    logger = compose(["model=tiny", "sampler=hf", "logger=wandb"]).logger
+    with pytest.raises(ConfigError, match=r"No API key configured.*WANDB_MODE=offline"):
+        WandbRun(logger, {}, tmp_path)
+
+
 # ---- (c) rlcli plot ----
 
 
@@ -239,7 +252,7 @@ def test_panels_only_for_metrics_a_run_has(tmp_path):
     assert lines == [
         {"rl": "reward/mean", "no_kl": "reward/mean", "dpo": "reward/accuracy"},
         {"rl": "eval/accuracy"},  # logged at some steps only: drawn as joined points
-        {"dpo": "loss/policy"},  # only DPO's loss is drawn
+        {"dpo": "loss/policy"},  # the only run here that logs a loss
         {"rl": "actor/entropy"},  # absent from the other runs: one line
         {"rl": "loss/kl", "no_kl": "policy/approx_kl"},
     ]  # no response length or clip fraction: no run logged them

@@ -8,12 +8,16 @@ so only the first one pays its start-up.
 import copy
 import gc
 import importlib.util
+import logging
 
 import pytest
 import torch
 
 from rlcli.config import ConfigError
 from rlcli.data.problems import render_prompt
+from rlcli.recipes import register_recipes
+from rlcli.rollout.vllm_engine import cuda_only_settings_changed
+from rlcli.rollout.vllm_notices import weightless_layers
 from rlcli.runtime.models import has_fast_bf16, smollm2_dir
 from rlcli.train.learner import batch_logprobs
 from rlcli.train.run import setup
@@ -50,6 +54,68 @@ def test_engine_matches_the_learner_after_every_sync(tiny_overrides):
         assert synced < 1e-3, (step, synced)
         # The policy moved far more than the tolerance: a stale engine would fail above.
         assert moved > 100 * 1e-3, (step, moved)
+
+
+def engine_tensors(llm) -> dict[str, torch.Tensor]:
+    """The engine's parameters that keep the checkpoint's layout (the embedding, the norms; the
+    CPU backend repacks the linear layers' weights)."""
+
+    def read(worker):
+        model = worker.model_runner.get_model()
+        return {n: p.detach().clone() for n, p in model.named_parameters() if p.numel()}
+
+    return llm.collective_rpc(read)[0]
+
+
+def test_a_push_loads_the_learners_weights_in_the_engines_dtype_without_warnings(
+    tiny_overrides, caplog
+):
+    run = setup(compose([*tiny_overrides, "sampler=vllm"]))
+    dtype = run.sampler.llm.llm_engine.model_config.dtype
+    with torch.no_grad():
+        for param in run.policy.parameters():
+            param.add_(0.01 * torch.randn_like(param))
+    with caplog.at_level(logging.INFO, logger="vllm"):
+        run.sampler.sync(run.policy)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []  # before: one per weight of another dtype, and two per push
+    # vLLM's note on the layers that take no weights (the rotary table, the tied head) stays.
+    notes = {r.getMessage() for r in caplog.records if "Failed to load weights" in r.getMessage()}
+    assert notes == {"RotaryEmbedding: Failed to load weights",
+                     "ParallelLMHead: Failed to load weights"}  # fmt: skip
+    learner = dict(run.policy.named_parameters())
+    engine = engine_tensors(run.sampler.llm)
+    assert "model.embed_tokens.weight" in engine and "model.norm.weight" in engine
+    for name, tensor in engine.items():
+        assert tensor.dtype == dtype, name
+        assert torch.equal(tensor, learner[name].detach().to(dtype)), name
+
+
+def test_weightless_layers_are_buffer_only_and_tied_ones():
+    class Rotary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.ones(4), persistent=False)
+
+    class Head(torch.nn.Module):
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = weight
+
+    embed = torch.nn.Embedding(8, 4)
+    tied = torch.nn.ModuleDict({"embed": embed, "rope": Rotary(), "head": Head(embed.weight)})
+    assert weightless_layers(tied) == {"Rotary", "Head"}
+    untied = torch.nn.ModuleDict({"embed": embed, "head": Head(torch.nn.Parameter(embed.weight))})
+    assert weightless_layers(untied) == set()
+
+
+def test_cuda_only_settings_are_named_on_cpu_only_when_changed():
+    assert cuda_only_settings_changed(compose(["model=tiny", "sampler=vllm"]).sampler) == []
+    changed = compose(["model=tiny", "sampler=vllm", "sampler.gpu_memory_utilization=0.9"])
+    assert cuda_only_settings_changed(changed.sampler) == ["sampler.gpu_memory_utilization=0.9"]
+    register_recipes()
+    recipe = compose(["recipe=grpo_deepseekmath_7b", "sampler=vllm"])  # sets 0.35 for its GPUs
+    assert cuda_only_settings_changed(recipe.sampler) == ["sampler.gpu_memory_utilization=0.35"]
 
 
 def test_sampling_settings_are_honoured(tiny_overrides):

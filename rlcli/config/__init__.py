@@ -4,7 +4,8 @@ is `rlcli.validate`, above them).
 `schema` holds the typed dataclasses every room reads (`Config`, `AlgoConfig`, ...) and
 `ConfigError`; it imports nothing of rlcli, so any module may import it (this package
 re-exports it). `overrides` checks a command line's keys and group choices before Hydra
-composes, from the schema alone.
+composes, from the schema alone (and names rlcli's field for TRL's or verl's). `comments` reads
+the comment above each field in conf/; `help` lays out `rlcli train --help` from them.
 Defaults live in `conf/` alone, each field documented by the comment above it there.
 """
 

@@ -77,8 +77,8 @@ class RewardConfig:
     pattern: str = MISSING
     overlong_cache_len: int = MISSING
     timeout_s: float = MISSING
-    # python
-    function: str | None = MISSING
+    # python: 'file.py:fn', a list of them, or null (Any: OmegaConf has no str-or-list type)
+    function: Any = MISSING
     # reward_model, process
     model_path: str | None = MISSING
     batch_size: int = MISSING
@@ -117,6 +117,7 @@ class SamplerConfig:
 class EnvConfig:
     name: str = MISSING
     tools: list[str] = MISSING
+    tool_format: str = MISSING  # rlcli or chat_template
     max_turns: int = MISSING
     max_tokens: int = MISSING
     instructions: str = MISSING
@@ -210,6 +211,8 @@ class TrainerConfig:
     lr: float = MISSING
     weight_decay: float = MISSING
     warmup_steps: int = MISSING
+    lr_scheduler: str = MISSING
+    lr_scheduler_kwargs: dict[str, Any] = MISSING
     max_grad_norm: float = MISSING
     device: str = MISSING
     dtype: str = MISSING
@@ -219,6 +222,7 @@ class TrainerConfig:
     push_to_hub: str | None = MISSING
     max_bad_steps: int = MISSING
     eval_every: int = MISSING
+    val_before_train: bool = MISSING
 
 
 @dataclass

@@ -3,7 +3,8 @@
 The room of everything a run reads before it samples: `problems` (the `Problem` record,
 rendering a prompt, the training stream, writing records back), `generated` (seeded `arith`
 and `countdown` sets; `countdown` holds that task's generator and checker), `records` (local
-files and hub datasets), `pairs` (DPO's preference pairs). Two kinds of adapter, picked by
+files and hub datasets), `answers` (how an answer field writes the answer), `pairs` (DPO's
+preference pairs). Two kinds of adapter, picked by
 `data.name` from `DATASETS` below:
 
 - generated from a seed: `arith` and `countdown`;
@@ -11,7 +12,7 @@ files and hub datasets), `pairs` (DPO's preference pairs). Two kinds of adapter,
   dataset (`data.hub_id`): `jsonl`, `parquet`, `gsm8k`, `math` and `dapo_math_17k` are one
   adapter, `record_splits`, which each conf/data/*.yaml configures: where the prompt and the
   answer are (dotted paths into nested records), how the answer is written
-  (`ANSWER_FORMATS`), a prompt template, de-duplication and a size limit.
+  (`answers.ANSWER_FORMATS`), a prompt template, de-duplication and a size limit.
 
 Every problem keeps its source record, so `write_records` can write a filtered copy that the
 same adapter reads back with `data.path=`. Prompts are rendered with the model's chat template

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlcli.config import Config, ConfigError
-from rlcli.env import system_prompt
+from rlcli.env import prompt_tools, system_prompt
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,19 @@ def write_records(problems: list[Problem], path: str | os.PathLike) -> None:
 # --- prompts for the model ------------------------------------------------------------------------
 
 
-def render_prompt(tokenizer, question: str, system_prompt: str | None) -> str:
-    """The question as the model's chat template renders a user turn, ready for the reply."""
+def render_prompt(
+    tokenizer, question: str, system_prompt: str | None, tools: list[dict] | None = None
+) -> str:
+    """The question as the model's chat template renders a user turn, ready for the reply;
+    `tools` (JSON schemas, env.tool_format=chat_template) are declared through the template."""
     messages = [{"role": "user", "content": question}]
     if system_prompt is not None:
         messages.insert(0, {"role": "system", "content": system_prompt})
     if tokenizer.chat_template is None:
         return question
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
 
 
 class PromptStream:
@@ -93,10 +98,14 @@ class PromptStream:
 
 def fit_prompts(cfg: Config, tokenizer, problems: list[Problem], split: str) -> list[Problem]:
     """`problems` whose rendered prompt fits sampler.max_prompt_tokens; a longer one is an
-    error unless sampler.long_prompts=drop, which drops it with a count."""
+    error unless sampler.long_prompts=drop, which drops it with a count. An empty list (no
+    held-out split: data.num_test=0) is returned as it is."""
+    if not problems:
+        return problems  # a tokenizer given no text fails rather than returning nothing
     s = cfg.sampler
     system = system_prompt(cfg)
-    rendered = [render_prompt(tokenizer, p.question, system) for p in problems]
+    tools = prompt_tools(cfg.env, tokenizer)  # a template that cannot take them is refused here
+    rendered = [render_prompt(tokenizer, p.question, system, tools) for p in problems]
     lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False).input_ids]
     too_long = [i for i, n in enumerate(lengths) if n > s.max_prompt_tokens]
     if not too_long:

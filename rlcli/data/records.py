@@ -1,6 +1,7 @@
 """Record datasets: a local .jsonl/.json/.parquet file or a Hugging Face hub dataset turned
-into `Problem`s (`record_splits`), with the answer formats (`ANSWER_FORMATS`) and dotted field
-paths each conf/data/*.yaml configures; and PPO-ptx's pretraining text (`read_texts`).
+into `Problem`s (`record_splits`), with the dotted field paths and answer formats
+(`rlcli.data.answers`) each conf/data/*.yaml configures; and PPO-ptx's pretraining text
+(`read_texts`).
 """
 
 from __future__ import annotations
@@ -9,57 +10,14 @@ import codecs
 import json
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlcli.config import ConfigError, DataConfig
+from rlcli.data.answers import ANSWER_FORMATS
 from rlcli.data.problems import Problem
-
-# --- answer formats: the ground truth as the answer field writes it -------------------------------
-# Each returns the answer, or None when the text holds none.
-
-
-def plain_answer(text: str) -> str | None:
-    return text.strip() or None
-
-
-def gsm8k_answer(text: str) -> str | None:
-    """GSM8K's solutions end in "#### 1,234": the number after the last ####, commas removed."""
-    if "####" not in text:
-        return None
-    return text.rsplit("####", 1)[1].replace(",", "").strip() or None
-
-
-_BOXED = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])(\s*)")
-
-
-def boxed_answer(text: str) -> str | None:
-    """The content of the last \\boxed{...} of a MATH solution, braces matched, so
-    \\boxed{\\frac{1}{2}} gives \\frac{1}{2}. MATH also writes \\boxed 5 for one token."""
-    matches = list(_BOXED.finditer(text))
-    if not matches:
-        return None
-    start = matches[-1].end()
-    if text[start : start + 1] != "{":
-        if not matches[-1].group(1):
-            return None
-        token = re.match(r"[^\s$]+", text[start:])
-        return token.group(0) if token else None
-    depth = 0
-    for end in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[end], 0)
-        if depth == 0:
-            return text[start + 1 : end].strip() or None
-    return None  # unbalanced braces
-
-
-ANSWER_FORMATS: dict[str, Callable[[str], str | None]] = {
-    "plain": plain_answer,
-    "gsm8k": gsm8k_answer,
-    "boxed": boxed_answer,
-}
-
 
 # --- records: a local file or a hub dataset, turned into problems ---------------------------------
 
@@ -125,6 +83,22 @@ def _json_problem(text: str) -> str | None:
     return None
 
 
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """`datasets` draws a bar on the console for each file it reads or prepares ("Generating
+    train split"); rlcli's own lines and bar are what a user should see, so they are off
+    while it loads (and as they were after)."""
+    from datasets.utils import logging as datasets_logging
+
+    was_on = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets_logging.enable_progress_bar()
+
+
 def _read_file(path: str, key: str):
     """A local file as a `datasets.Dataset`; `key` names the config field for messages."""
     import datasets  # here, not at the top: it takes ~0.6 s, and generated data never needs it
@@ -140,7 +114,8 @@ def _read_file(path: str, key: str):
     if reader == "json":
         _check_utf8(file, f"data.{key}={path}")
     try:
-        table = datasets.load_dataset(reader, data_files=str(file), split="train")
+        with _no_progress_bars():
+            table = datasets.load_dataset(reader, data_files=str(file), split="train")
     except Exception as err:  # datasets and pyarrow raise many types; all mean "unreadable"
         if not file.read_bytes().strip():
             raise empty from None
@@ -164,7 +139,8 @@ def _load_hub(cfg: DataConfig, split: str):
 
     config = f"config {cfg.hub_config}, " if cfg.hub_config else ""
     try:
-        return datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split)
+        with _no_progress_bars():
+            return datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split)
     except Exception as err:  # no network, unknown id, config or split: all need the same fix
         raise ConfigError(
             f"data.hub_id={cfg.hub_id} ({config}split {split!r}) could not be loaded from the "

@@ -2,10 +2,11 @@
 appended as a tool turn, the model goes on; every episode of a batch advances together.
 
 `run_episodes` holds the rules and no engine: it is handed `generate` (continue a list of token
-contexts, each with its own token budget, stopping at EOS or `calls.CALL_END`), `tool_tokens`
-(a tool's output as the tokens of a tool turn), `decode` and the `Toolbox`. Each episode keeps
-its tokens after the prompt and a mask that is 1 on the model's own tokens only: tool turns are
-context for the model, never trained on (`Rollout.response_mask`).
+contexts, each with its own token budget, stopping at EOS or the call format's stop string),
+`tool_tokens` (a tool's output as the tokens of a tool turn), `decode` and the `Toolbox`. Each
+episode keeps its tokens after the prompt and a mask that is 1 on the model's own tokens only:
+tool turns are context for the model, never trained on (`Rollout.response_mask`). It also keeps
+its transcript (`Episode.transcript`), the turns in order as samples.jsonl shows them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rlcli.env.calls import ToolResult
+from rlcli.env.calls import ToolCall, ToolResult
 from rlcli.env.tools import Toolbox
 
 
@@ -23,7 +24,7 @@ class Turn:
 
     tokens: list[int]
     logprobs: list[float] | None  # the sampler's, per token (None: the sampler has none)
-    end: str  # "eos" (the model finished), "call" (it stopped at CALL_END), "length"
+    end: str  # "eos" (the model finished), "call" (it stopped at a call's end), "length"
 
 
 @dataclass
@@ -33,12 +34,17 @@ class Episode:
     mask: list[int] = field(default_factory=list)  # 1 on the model's tokens, 0 on tool turns
     logprobs: list[float] = field(default_factory=list)  # the sampler's; 0 on tool turns
     said: list[str] = field(default_factory=list)  # the model's turns, as text
+    log: list[dict] = field(default_factory=list)  # every turn, model's and tools', in order
     turns: int = 0
     calls: int = 0
     errors: int = 0
     timeouts: int = 0
     done: bool = False
     truncated: bool = False  # cut by a token or turn limit, not finished by the model
+    # Why it ended: "answer" (a turn without a call), "length" (a turn hit its token budget),
+    # "max_turns" (a call in the last turn, not run), "max_tokens" (no room left after a call
+    # or for its output)
+    stopped: str = ""
 
     @property
     def text(self) -> str:
@@ -49,6 +55,23 @@ class Episode:
         self.tokens += tokens
         self.mask += [int(own)] * len(tokens)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
+
+    def stop(self, why: str) -> None:
+        self.done, self.truncated, self.stopped = True, why != "answer", why
+
+    def transcript(self) -> dict:
+        """The whole episode for samples.jsonl: its turns in order (the model's text; each
+        call's tool, input and output), which trained, and its token counts."""
+        trained = sum(self.mask)
+        return {
+            "turns": self.log,
+            "calls": self.calls,
+            "errors": self.errors,
+            "timeouts": self.timeouts,
+            "trained_tokens": trained,  # the model's own: in the loss
+            "context_tokens": len(self.mask) - trained,  # tool turns: read, never trained
+            "stopped": self.stopped,
+        }
 
 
 def run_episodes(
@@ -75,23 +98,48 @@ def run_episodes(
         for e, out in zip(active, outs, strict=True):
             e.add(out.tokens, True, out.logprobs)
             e.said.append(decode(out.tokens))
+            e.log.append(_model_turn(e.said[-1], out))
             e.turns += 1
             if out.end != "call":
-                e.done, e.truncated = True, out.end == "length"
-            elif turn == max_turns - 1 or len(e.tokens) >= max_tokens:
-                # No turn (or no token) left to read the result in: the call is not run.
-                e.done = e.truncated = True
+                e.stop("length" if out.end == "length" else "answer")
+            elif turn == max_turns - 1:
+                e.stop("max_turns")  # no turn left to read the result in: the call is not run
+            elif len(e.tokens) >= max_tokens:
+                e.stop("max_tokens")
             else:
                 calling.append(e)
-        results = toolbox.run([e.said[-1] for e in calling])
-        for e, result in zip(calling, results, strict=True):
-            _count(e, result)
-            reply = tool_tokens(result.text)
-            if len(e.tokens) + len(reply) >= max_tokens:
-                e.done = e.truncated = True  # the output would leave no room to answer
-            else:
+        calls = toolbox.run([e.said[-1] for e in calling])
+        for e, call in zip(calling, calls, strict=True):
+            _count(e, call.result)
+            reply = tool_tokens(call.result.text)
+            fits = len(e.tokens) + len(reply) < max_tokens
+            e.log.append(_tool_turn(call, len(reply) if fits else 0))
+            if fits:
                 e.add(reply, False)
+            else:
+                e.stop("max_tokens")  # the output would leave no room to answer
     return episodes
+
+
+def _model_turn(text: str, out: Turn) -> dict:
+    n = len(out.tokens)
+    return {"role": "assistant", "text": text, "end": out.end, "tokens": n, "trained": True}
+
+
+def _tool_turn(call: ToolCall, tokens: int) -> dict:
+    """A tool turn as the transcript shows it; `tokens` 0: its output did not fit, so the
+    model never read it."""
+    r = call.result
+    return {
+        "role": "tool",
+        "tool": call.tool,
+        "input": call.input,
+        "output": r.text,
+        "error": r.error,
+        "timeout": r.timeout,
+        "tokens": tokens,
+        "trained": False,
+    }
 
 
 def _count(e: Episode, result: ToolResult) -> None:

@@ -18,7 +18,7 @@ system contains it, through bubblewrap (`bwrap`, a tool made for unprivileged co
 - rlimits and the audit hook that `sandbox_child.py` adds inside: CPU, address space, file
   size, no new process or thread, no core; the hook only gives clearer messages.
 With `env.sandbox=none` the code runs in a plain process with the rlimits and the hook only,
-in a temporary directory: not contained (README "Tools").
+in a temporary directory: not contained (docs/tools.md).
 
 `run_function` runs a user's `file.py:name` tool, limited in time and output only (the user's
 own code), in a fresh temporary directory with an environment of PATH and HOME.

@@ -4,12 +4,15 @@ Every tool is a callable `str -> ToolResult` (the call's argument text in, text 
 time limit and an output size limit: `calculator` (arithmetic parsed by `ast`, never
 evaluated as Python), `search` (BM25 over `env.corpus`, with bm25s), `python` (code in the
 sandbox of `env.sandbox`), and a user's function named `file.py:fn` (run in a process of its
-own, with the same time and output limits; the user's own code, so not sandboxed).
+own, with the same time and output limits; the user's own code, so not sandboxed). A tool
+takes one argument text: an rlcli call gives it as written, a chat template's JSON call under
+the tool's argument name (`ToolSpec.argument`; a user function's first parameter).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import operator
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlcli.config import Config, ConfigError, EnvConfig
-from rlcli.env.calls import ToolResult, parse_call
+from rlcli.env.calls import RLCLI_CALLS, CallFormat, ToolCall, ToolResult
 from rlcli.env.sandbox import (
     SANDBOXES,
     check_function,
@@ -123,12 +126,17 @@ def _bm25s():
     return bm25s
 
 
+# How a model may write its calls (env.tool_format).
+TOOL_FORMATS = ("rlcli", "chat_template")
+
 # --- the registry -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ToolSpec:
-    description: str  # the line the model is shown, after the tool's name
+    what: str  # what the tool does, as the model is told
+    argument: str  # the name of its one argument, in a chat template's JSON call
+    example: str  # an argument it takes
     make: Callable[[EnvConfig], Callable[[str], ToolResult]]
 
 
@@ -140,16 +148,15 @@ def _python(env: EnvConfig):
 
 TOOLS: dict[str, ToolSpec] = {
     "calculator": ToolSpec(
-        "evaluates arithmetic exactly, e.g. <tool>calculator</tool><args>12345 * 678</args>",
-        lambda env: calculator,
+        "evaluates arithmetic exactly", "expression", "12345 * 678", lambda env: calculator
     ),
     "python": ToolSpec(
-        "runs Python code and returns what it prints, e.g. "
-        "<tool>python</tool><args>print(sum(range(10)))</args>",
-        _python,
+        "runs Python code and returns what it prints", "code", "print(sum(range(10)))", _python
     ),
     "search": ToolSpec(
-        "finds documents about a query, e.g. <tool>search</tool><args>Velmora lighthouse</args>",
+        "finds documents about a query",
+        "query",
+        "Velmora lighthouse",
         lambda env: Search(env.corpus, env.search_top_k),
     ),
 }
@@ -165,40 +172,93 @@ def tool_name(entry: str) -> str:
 
 
 def describe_tools(entries: list[str]) -> str:
-    """A line per tool for the system message."""
-    return "\n".join(
-        f"- {tool_name(e)}: "
-        + (TOOLS[e].description if e in TOOLS else "your function; see its documentation")
-        for e in entries
-    )
+    """A line per tool for the system message (env.tool_format=rlcli)."""
+    lines = []
+    for entry in entries:
+        name = tool_name(entry)
+        if entry in TOOLS:
+            spec = TOOLS[entry]
+            what = f"{spec.what}, e.g. <tool>{name}</tool><args>{spec.example}</args>"
+        else:
+            what = "your function; see its documentation"
+        lines.append(f"- {name}: {what}")
+    return "\n".join(lines)
+
+
+def argument_name(entry: str) -> str:
+    """The name of an `env.tools` entry's argument in a JSON call."""
+    return TOOLS[entry].argument if entry in TOOLS else user_function_summary(entry)[1]
+
+
+@functools.cache
+def user_function_summary(entry: str) -> tuple[str, str]:
+    """(first line of the docstring, first parameter's name) of a user's `file.py:fn`, read
+    with `ast` (the user's code runs only in its own process); a generic pair when the file
+    cannot be read or the function is not defined at its top level."""
+    target, _, name = entry.rpartition(":")
+    fallback = (f"the function {name}", "input")
+    if not target.endswith(".py"):
+        return fallback
+    try:
+        tree = ast.parse(Path(target).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return fallback
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            doc = (ast.get_docstring(node) or "").strip().splitlines()
+            args = node.args.posonlyargs + node.args.args
+            return (doc[0] if doc else fallback[0]), (args[0].arg if args else "input")
+    return fallback
 
 
 class Toolbox:
     """The tools of `env.tools`, called for a batch of turns at once (each in a thread: the
-    python tool and user functions wait on processes of their own)."""
+    python tool and user functions wait on processes of their own); `calls` is how the model
+    writes a call (rlcli's tags, or its chat template's JSON)."""
 
-    def __init__(self, env: EnvConfig):
-        self.limit = env.tool_output_chars
+    def __init__(self, env: EnvConfig, calls: CallFormat = RLCLI_CALLS):
+        self.limit, self.calls = env.tool_output_chars, calls
         self.tools = {
             tool_name(e): (TOOLS[e].make(env) if e in TOOLS else _user_tool(e, env))
             for e in env.tools
         }
+        self.arguments = {tool_name(e): argument_name(e) for e in env.tools}
 
-    def call(self, turn: str) -> ToolResult:
+    def call(self, turn: str) -> ToolCall:
         """Run the call that ends `turn`; the output is cut to env.tool_output_chars."""
-        parsed = parse_call(turn)
+        parsed = self.calls.parse(turn)
         if isinstance(parsed, str):
-            return ToolResult(parsed, error=True)
-        name, argument = parsed
+            return ToolCall(None, None, ToolResult(parsed, error=True))
+        name, arguments = parsed
+        argument = self._argument(name, arguments)
         if name not in self.tools:
             known = ", ".join(self.tools)
-            return ToolResult(f"Error: no tool named {name!r}; the tools are {known}.", error=True)
+            why = f"Error: no tool named {name!r}; the tools are {known}."
+            return ToolCall(name, argument, ToolResult(why, error=True))
+        if isinstance(arguments, dict) and argument is None:
+            key = self.arguments[name]
+            why = f"Error: {name} takes one argument, {key!r}; the call gave {sorted(arguments)}."
+            return ToolCall(name, json.dumps(arguments), ToolResult(why, error=True))
         result = self.tools[name](argument)
         if len(result.text) > self.limit:
             result = ToolResult(result.text[: self.limit] + " [cut]", result.error, result.timeout)
-        return result
+        return ToolCall(name, argument, result)
 
-    def run(self, turns: list[str]) -> list[ToolResult]:
+    def _argument(self, name: str, arguments: str | dict) -> str | None:
+        """The argument text of a call: rlcli's is the text itself; a JSON call's is the value
+        of the tool's argument (or of its only key), a non-string value as JSON."""
+        if isinstance(arguments, str):
+            return arguments
+        key = self.arguments.get(name)
+        if key in arguments:
+            value = arguments[key]
+        elif len(arguments) == 1:
+            (value,) = arguments.values()
+        else:
+            return None
+        return value if isinstance(value, str) else json.dumps(value)
+
+    def run(self, turns: list[str]) -> list[ToolCall]:
         if len(turns) <= 1:
             return [self.call(t) for t in turns]
         with ThreadPoolExecutor(max_workers=min(len(turns), 8)) as pool:
@@ -244,11 +304,18 @@ def check_env(cfg: Config) -> None:
             if problem:
                 problem = " ".join(problem.split())  # one paragraph, the user's frames kept
                 raise ConfigError(f"env.tools entry {entry!r} cannot be used: {problem}")
-    if cfg.sampler.workers or cfg.sampler.urls:
+    if env.tool_format not in TOOL_FORMATS:
         raise ConfigError(
-            f"env={env.name} runs its episodes with the engine in the learner's process or "
-            "sampler=hf; rollout workers (sampler.workers, sampler.urls) do not run tools yet: "
-            "set sampler.workers=0 and sampler.urls=[]."
+            f"env.tool_format={env.tool_format!r} is not a tool format: rlcli (rlcli's own "
+            "<tool>NAME</tool><args>INPUT</args>, taught in the system message; any model) or "
+            "chat_template (the tools declared through the model's chat template and calls in "
+            "its own format, e.g. Qwen2.5's <tool_call>{json}</tool_call>)."
+        )
+    if cfg.sampler.async_rollout:
+        raise ConfigError(
+            f"env={env.name} runs its episodes turn by turn, and sampler.async_rollout=true "
+            "(the workers generating the next step's batch during this one) does not run "
+            "episodes yet: set sampler.async_rollout=false (episodes run on the workers)."
         )
 
 

@@ -1,5 +1,5 @@
-"""Pure tensor math for rlcli's objectives (README "Algorithms are pieces"; each function
-cites its paper).
+"""Pure tensor math for rlcli's objectives (docs/algorithms.md gives their formulas; each
+function cites its paper).
 
 ``advantages`` holds the advantage estimators, ``policy_loss`` the ratios, clip rules,
 surrogates, KL estimators, loss aggregations and the smaller losses (value, DPO),

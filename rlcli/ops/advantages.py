@@ -1,4 +1,4 @@
-"""Advantage estimators (README "Algorithms are pieces"; each cites its paper).
+"""Advantage estimators (docs/algorithms.md; each cites its paper).
 
 Outcome estimators take the rewards of P groups of G samples, ``[P, G]``, and return one
 advantage per response, ``[P, G]``; the caller broadcasts it over the response's tokens.
@@ -271,7 +271,7 @@ def process_advantages(x: AdvantageInputs) -> tuple[Tensor, None]:
     return torch.cat([grpo_process_advantages(r, e) for r, e in per_group]), None
 
 
-# --- the peers' estimators (README "The peers' objectives") -------------------------------------
+# --- the peers' estimators (docs/algorithms.md, "Advantage estimators") -------------------------
 
 
 def whiten_tokens(values: Tensor, mask: Tensor) -> Tensor:

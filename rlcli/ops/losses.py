@@ -1,5 +1,5 @@
-"""Per-token policy losses, `LOSSES`: the surrogate each algorithm minimises (README "The
-peers' objectives"; each docstring names its paper), one function each, registered beside
+"""Per-token policy losses, `LOSSES`: the surrogate each algorithm minimises (docs/algorithms.md
+gives each formula; each docstring names its paper), one function each, registered beside
 its definition.
 
 A loss names the inputs it reads as parameters (any of `LOSS_INPUTS`, passed by keyword):

@@ -1,4 +1,4 @@
-"""Pieces of the policy objective (README "Algorithms are pieces"; each function cites its paper).
+"""Pieces of the policy objective (docs/algorithms.md; each function cites its paper).
 
 The loss is assembled from independent choices, each a registry of small functions:
 ratio level (``RATIOS``), clip rule (``CLIP_BOUNDS``), KL estimator (``KL_ESTIMATORS``) and

@@ -37,16 +37,25 @@ def sample_and_score(
 
     `temperature`, `seed` and `top_p` replace the training stream's for this call
     (evaluation)."""
-    prompts = [render_prompt(tokenizer, p.question, system_prompt) for p in problems]
+    # An EpisodeSampler with env.tool_format=chat_template declares its tools in the prompts.
+    tools = getattr(sampler, "prompt_tools", None)
+    prompts = [render_prompt(tokenizer, p.question, system_prompt, tools) for p in problems]
     ids, answers = [p.id for p in problems], [p.answer for p in problems]
     batch = sampler.sample(
         prompts, group, ids, answers, temperature=temperature, seed=seed, top_p=top_p
     )
     rows = [p for p in problems for _ in range(group)]
+    # Each response's tokens up to its padding (tool turns too): views, no copies.
+    widths = batch.attention_mask[:, batch.prompt_width :].sum(-1).tolist()
     samples = [
-        Sample(p.question, text, p.answer, p.record, int(n), p.id)
-        for p, text, n in zip(rows, batch.texts, batch.lengths.tolist(), strict=True)
+        Sample(p.question, text, p.answer, p.record, int(n), p.id, batch.response_ids[i, :width])
+        for i, (p, text, n, width) in enumerate(
+            zip(rows, batch.texts, batch.lengths.tolist(), widths, strict=True)
+        )
     ]
+    if batch.episodes is not None:  # env=...: each episode's transcript, for samples.jsonl
+        episodes = zip(samples, batch.episodes, strict=True)
+        samples = [dataclasses.replace(s, episode=e) for s, e in episodes]
     scores = scorer(samples)
     if scores.steps is not None:  # process reward: each step's score at its last token
         step_rewards, step_ends = step_reward_tensors(
@@ -95,6 +104,7 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     device = pick_device(t.device)
     check_reward_fields(cfg, problems)
     scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
+    scorer.check_records(problems, cfg.data.name)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
     fit_prompts(cfg, tokenizer, problems, "")  # an error if any is too long

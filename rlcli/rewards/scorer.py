@@ -1,14 +1,17 @@
 """Scoring a batch of responses: the configured reward components, weighted and isolated.
 
 `reward.components` names the components and `reward.weights` their weights (default 1);
-a response's reward is the weighted sum, plus DAPO's soft overlong punishment when
-`reward.overlong_cache_len` is set. Every component is logged on its own (`reward/<name>`);
-a weight of 0 logs a component without training on it. A component that raises or runs past
-`reward.timeout_s` on one sample marks that sample as missing (NaN): the trainer gives it no
-gradient and counts it in `reward/errors`, and the run goes on. The rules themselves are in
-`rlcli.rewards`; they run in this process, under a SIGALRM time limit. The user's function
-(`reward=python`) runs in a worker process (`rlcli.rewards.worker`), so that one that hangs
-in C code, exits, crashes or prints costs its samples, not the run.
+`python` stands for the functions of `reward.function`, each a component named after itself
+(`rlcli.rewards.components`). A response's reward is the weighted sum, plus DAPO's soft
+overlong punishment when `reward.overlong_cache_len` is set. Every component is logged on its
+own (`reward/<name>`); a weight of 0 logs a component without training on it. A component
+that raises or runs past `reward.timeout_s` on one sample marks that sample as missing (NaN):
+the trainer gives it no gradient and counts it in `reward/errors`, and the run goes on. The
+rules themselves are in `rlcli.rewards`; they run in this process, under a SIGALRM time
+limit. The user's functions (`reward=python`) run in worker processes
+(`rlcli.rewards.worker`), one per function, so that one that hangs in C code, exits, crashes
+or prints costs its samples, not the run; each is called in rlcli's convention or TRL's,
+whichever its signature has (`rlcli.rewards.conventions`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from torch import Tensor
 from rlcli.config import Config, ConfigError, RewardConfig
 from rlcli.data.problems import Problem
 from rlcli.ops.policy_loss import overlong_penalty
+from rlcli.rewards.components import component_names, function_name, function_specs
+from rlcli.rewards.conventions import CallPlan, call_keywords
 from rlcli.rewards.rules import RULES, call_rule
 from rlcli.rewards.worker import BadSpec, FunctionWorker, WorkerLost, as_score, describe
 
@@ -42,11 +47,12 @@ class Sample:
     record: dict  # the dataset record's fields (countdown's numbers and target, ...)
     length: int  # response tokens
     problem_id: str = ""  # the problem's id (a group's responses share it)
-
-
-# Components that score the whole batch: the user's function and the two reward models.
-BATCHED = ("python", "reward_model", "process")
-COMPONENTS = sorted([*RULES, *BATCHED])
+    # [n] the response's token ids, tool turns included (a view into the rollout): TRL's
+    # completion_ids, made a list only for a function that names them
+    token_ids: Tensor | None = None
+    # The episode's transcript (env=...: its turns, tool calls and outputs, token counts;
+    # `env.episode.Episode.transcript`), which samples.jsonl writes; None for one reply
+    episode: dict | None = None
 
 
 @dataclass
@@ -64,7 +70,14 @@ class Scores:
         return self.total.isnan()
 
     def metrics(self) -> dict[str, float]:
-        out = {f"reward/{name}": nanmean(v) for name, v in self.components.items()}
+        """reward/mean and reward/std of the totals, reward/<component> of each component and
+        reward/errors, all over the same responses: these."""
+        scored = self.total[~self.missing]
+        out = {
+            "reward/mean": nanmean(self.total),
+            "reward/std": scored.std().item() if scored.numel() > 1 else 0.0,
+        }
+        out.update({f"reward/{name}": nanmean(v) for name, v in self.components.items()})
         out["reward/errors"] = float(self.missing.sum())
         return out
 
@@ -115,8 +128,17 @@ class Scorer:
         from rlcli.rewards.models import OutcomeRewardModel, ProcessRewardModel
 
         self.cfg, self.max_new_tokens = cfg, max_new_tokens
+        self.names = component_names(cfg)  # python: each function of reward.function
         names = set(cfg.components)
-        self.worker = start_worker(cfg.function) if "python" in names else None
+        specs = function_specs(cfg) if "python" in names else []
+        # One worker per function, started (and its signature checked) before any model loads.
+        self.workers: dict[str, FunctionWorker] = {}
+        try:
+            for spec in specs:
+                self.workers[function_name(spec)] = start_worker(spec)
+        except ConfigError:
+            self.close()
+            raise
         model_args = (cfg.model_path, device, dtype, cfg.batch_size, cfg.max_length)
         self.orm = OutcomeRewardModel(*model_args) if "reward_model" in names else None
         self.prm = (
@@ -127,12 +149,12 @@ class Scorer:
 
     def __call__(self, samples: list[Sample]) -> Scores:
         components, errors, steps = {}, [], None
-        weights = self.cfg.weights or [1.0] * len(self.cfg.components)
-        for name in self.cfg.components:
-            if name in RULES:
+        weights = self.cfg.weights or [1.0] * len(self.names)
+        for name in self.names:
+            if name in self.workers:  # before RULES: a function may share a rule's name
+                components[name] = self._python(name, samples, errors)
+            elif name in RULES:
                 components[name] = self._rule(name, samples, errors)
-            elif name == "python":
-                components[name] = self._python(samples, errors)
             elif name == "reward_model":
                 questions, responses = [s.question for s in samples], [s.response for s in samples]
                 components[name] = torch.tensor(self.orm.score(questions, responses))
@@ -141,9 +163,7 @@ class Scorer:
                 steps = self.prm.score_steps(questions, responses)
                 means = [sum(v for _, v in s) / len(s) if s else 0.0 for s in steps]
                 components[name] = torch.tensor(means)
-        total = sum(
-            w * components[n].float() for n, w in zip(self.cfg.components, weights, strict=True)
-        )
+        total = sum(w * components[n].float() for n, w in zip(self.names, weights, strict=True))
         if self.cfg.overlong_cache_len:
             lengths = torch.tensor([s.length for s in samples])
             penalty = overlong_penalty(lengths, self.max_new_tokens, self.cfg.overlong_cache_len)
@@ -176,8 +196,9 @@ class Scorer:
                 scores.append(math.nan)
         return torch.tensor(scores)
 
-    def _python(self, samples: list[Sample], errors: list[str]) -> Tensor:
-        """The whole batch in one call to the worker, with reward.timeout_s per sample.
+    def _python(self, name: str, samples: list[Sample], errors: list[str]) -> Tensor:
+        """The whole batch in one call to the function's worker, with reward.timeout_s per
+        sample; failures go to `errors` under the function's name.
 
         The batch has timeout_s x B in all. The one call gets half of it (all of it for one
         sample); if it fails or runs past that (an exception, the worker's death, a hang),
@@ -185,27 +206,29 @@ class Scorer:
         so a sample that hangs costs its timeout_s and the others are still scored; samples
         left when the time is spent are timeouts. Restarting a worker that died or was
         killed is part of the time spent."""
-        n, timeout = len(samples), self.cfg.timeout_s
+        worker, n, timeout = self.workers[name], len(samples), self.cfg.timeout_s
         budget = timeout * n
-        first = self.worker.call(function_kwargs(samples), budget if n == 1 else budget / 2)
+        first = worker.call(
+            function_keywords(worker.plan, samples), budget if n == 1 else budget / 2
+        )
         if first.error is None:
-            errors.extend(f"python: {why}" for why in first.invalid.values())
+            errors.extend(f"{name}: {why}" for why in first.invalid.values())
             return torch.tensor(first.scores)
         if n == 1:
             late = f"RewardTimeout: took longer than reward.timeout_s={timeout:g} s"
-            errors.append(f"python: {late if first.timed_out else first.error}")
+            errors.append(f"{name}: {late if first.timed_out else first.error}")
             return torch.full((1,), math.nan)
         spent, scores = first.seconds, []
         for sample in samples:
             left = budget - spent
             if left <= 0:
                 errors.append(
-                    f"python: RewardTimeout: not called, the batch's {budget:g} s are spent"
+                    f"{name}: RewardTimeout: not called, the batch's {budget:g} s are spent"
                 )
                 scores.append(math.nan)
                 continue
             limit = min(timeout, left)
-            one = self.worker.call(function_kwargs([sample]), limit)
+            one = worker.call(function_keywords(worker.plan, [sample]), limit)
             spent += one.seconds
             why = one.error or one.invalid.get(0)
             if one.timed_out:
@@ -214,14 +237,30 @@ class Scorer:
                     late = f"the {limit:.2g} s left of the batch's {budget:g} s"
                 why = f"RewardTimeout: took longer than {late}"
             if why:
-                errors.append(f"python: {why}")
+                errors.append(f"{name}: {why}")
             scores.append(math.nan if one.error else one.scores[0])
         return torch.tensor(scores)
 
+    def check_records(self, problems: list[Problem], data_name: str) -> None:
+        """ConfigError when a function of reward.function has a parameter without a default
+        that neither convention fills and the records of `problems` have no field of its name
+        (checked on the first record, before the models load)."""
+        record = problems[0].record if problems else {}
+        for worker in self.workers.values():
+            missing = [name for name in worker.plan.fields if name not in record]
+            if missing:
+                present = ", ".join(record) or "none"
+                raise ConfigError(
+                    f"reward.function={worker.spec!r} takes the parameter {missing[0]!r}, which "
+                    f"is filled from the record field of that name, but the records of "
+                    f"data={data_name} have no {missing[0]!r} (fields: {present}). Rename the "
+                    "parameter after a field, give it a default, or read it from **kwargs."
+                )
+
     def close(self) -> None:
-        """Stop the reward worker, if any (garbage collection and exit stop it too)."""
-        if self.worker is not None:
-            self.worker.close()
+        """Stop the reward workers, if any (garbage collection and exit stop them too)."""
+        for worker in self.workers.values():
+            worker.close()
 
 
 def start_worker(spec: str) -> FunctionWorker:
@@ -234,17 +273,16 @@ def start_worker(spec: str) -> FunctionWorker:
         raise ConfigError(f"reward.function={spec!r}: {err} while importing it.") from None
 
 
-def function_kwargs(samples: list[Sample]) -> dict[str, list]:
-    """fn(prompts, responses, answers, **record fields): each a list, one entry per sample."""
-    records = [s.record for s in samples]
-    reserved = {"prompts", "responses", "answers"}
-    keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
-    return {
-        "prompts": [s.question for s in samples],
-        "responses": [s.response for s in samples],
-        "answers": [s.answer for s in samples],
-        **{k: [r.get(k) for r in records] for k in keys},
-    }
+def function_keywords(plan: CallPlan, samples: list[Sample]) -> dict[str, list]:
+    """The keywords of a function's call over `samples`, as its convention has them."""
+    return call_keywords(
+        plan,
+        prompts=[s.question for s in samples],
+        responses=[s.response for s in samples],
+        answers=[s.answer for s in samples],
+        records=[s.record for s in samples],
+        token_ids=lambda: [[] if s.token_ids is None else s.token_ids.tolist() for s in samples],
+    )
 
 
 def check_reward_fields(cfg: Config, problems: list[Problem]) -> None:

@@ -3,18 +3,20 @@
 A function that hangs in C code, calls `sys.exit` or `os._exit`, raises KeyboardInterrupt,
 segfaults or prints cannot be stopped or contained from inside the process that runs it, so
 the scorer runs it here: `python -P -m rlcli.rewards.worker SPEC [PATH ...]`, one worker per
-scorer, started when the scorer is built. The two speak JSON lines over the worker's stdin
-and stdout. The worker first imports the function and replies `{"ready": true}` or
-`{"bad_spec": why}`; then each request is one call's keyword lists (prompts, responses,
-answers, record fields) and each reply is `{"scores": [...], "invalid": [[i, why], ...]}` or
-`{"error": why}`. The parent's end, `FunctionWorker`, waits for a reply with a deadline; past
-it, or when the worker dies, it kills the worker's process group, and the next call starts a
-fresh worker.
+function of reward.function, started when the scorer is built. The two speak JSON lines over
+the worker's stdin and stdout. The worker first imports the function and reads its signature
+(`conventions.call_plan`), then replies `{"ready": true, "plan": {...}}` or
+`{"bad_spec": why}`; then each request is one call, `{"n": responses, "kwargs": {keyword:
+list}}`, and each reply is `{"scores": [...], "invalid": [[i, why], ...]}` or `{"error": why}`.
+The parent's end, `FunctionWorker`, waits for a reply with a deadline; past it, or when the
+worker dies, it kills the worker's process group, and the next call starts a fresh worker.
 
 `-P` keeps the current directory from shadowing installed packages (a `yaml.py` there does
 not replace PyYAML); the worker appends the current directory, then the parent's own
 sys.path, at the end, so `package.module:function` still finds a module there. The
-function's prints go to stderr: the real stdout carries only the protocol. The worker
+function's prints go to the worker's stderr (the real stdout carries only the protocol), a pipe
+the parent copies to its own `sys.stderr` as it reads replies: they show on the console, as
+they would in the training process, and reach the job's log (train.log) with it. The worker
 ignores SIGINT and runs in a session of its own: Ctrl-C belongs to the parent, whose training
 loop saves a checkpoint. Only the standard library is imported here (no torch), so a worker
 starts in tens of milliseconds.
@@ -25,6 +27,7 @@ files and network. It is not a sandbox.
 
 from __future__ import annotations
 
+import codecs
 import importlib
 import importlib.util
 import json
@@ -37,8 +40,10 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from rlcli.rewards.conventions import BadSignature, CallPlan, call_plan
 
 # How long the worker may take to import the user's module (which may load a model).
 START_TIMEOUT_S = 300.0
@@ -118,9 +123,9 @@ def load_function(spec: str) -> Callable:
     return fn
 
 
-def call(fn: Callable, kwargs: dict) -> dict:
-    """One call of the user's function, as the reply to send; every failure is caught."""
-    n = len(kwargs["responses"])
+def call(fn: Callable, n: int, kwargs: dict) -> dict:
+    """One call of the user's function over `n` responses, as the reply to send; every failure
+    is caught."""
     try:
         out = fn(**kwargs)
         if isinstance(out, (str, bytes, dict)):
@@ -171,12 +176,14 @@ def serve(spec: str, path: list[str]) -> None:
 
     try:
         fn = load_function(spec)
-    except BadSpec as err:
+        plan = call_plan(fn, f"reward.function={spec!r}")
+    except (BadSpec, BadSignature) as err:
         send({"bad_spec": str(err)})
         return
-    send({"ready": True})
+    send({"ready": True, "plan": asdict(plan)})
     for line in requests:
-        send(call(fn, json.loads(line)))
+        request = json.loads(line)
+        send(call(fn, request["n"], request["kwargs"]))
 
 
 # ---- the parent's end ----
@@ -200,7 +207,7 @@ def _stop(proc: subprocess.Popen, owner: int) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
-    for pipe in (proc.stdin, proc.stdout):
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
         try:
             pipe.close()
         except OSError:
@@ -233,20 +240,23 @@ class Outcome:
 class FunctionWorker:
     """The parent's end of a worker: one process at a time, replaced after a death or a kill.
 
-    Building one starts the worker and imports the function (BadSpec if it cannot be loaded,
-    WorkerLost if the import kills or hangs the worker). The worker is killed by `close`,
-    when this object is garbage collected, and when the interpreter exits."""
+    Building one starts the worker and imports the function (BadSpec if it cannot be loaded
+    or its signature fits no convention, WorkerLost if the import kills or hangs the worker);
+    `plan` is then how it is called. The worker is killed by `close`, when this object is
+    garbage collected, and when the interpreter exits."""
 
     def __init__(self, spec: str):
         self.spec = spec
+        self.plan: CallPlan | None = None
         self._proc: subprocess.Popen | None = None
         self._finalizer: weakref.finalize | None = None
         self._buffer = b""
         self._start()
 
     def call(self, kwargs: dict, limit: float) -> Outcome:
-        """fn(**kwargs) in the worker, killed past `limit` seconds. A worker killed or dead
-        is replaced at once, and its restart counts in the outcome's seconds."""
+        """fn(**kwargs) in the worker (each keyword a list, one entry per response), killed
+        past `limit` seconds. A worker killed or dead is replaced at once, and its restart
+        counts in the outcome's seconds."""
         began = time.monotonic()
         if self._proc is None:  # the last restart failed: try again
             try:
@@ -254,7 +264,8 @@ class FunctionWorker:
             except (BadSpec, WorkerLost) as err:
                 why = f"could not restart the reward worker: {err}"
                 return Outcome(error=why, seconds=time.monotonic() - began)
-        request = json.dumps(kwargs, default=str).encode() + b"\n"
+        n = len(next(iter(kwargs.values()), []))
+        request = json.dumps({"n": n, "kwargs": kwargs}, default=str).encode() + b"\n"
         try:
             reply = self._exchange(request, time.monotonic() + limit)
         except CallTimeout:
@@ -286,11 +297,14 @@ class FunctionWorker:
             [*worker_command(), self.spec, *path],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,  # copied to sys.stderr by `_copy_prints`
             start_new_session=True,  # its own process group, away from the terminal's Ctrl-C
         )
         self._proc, self._buffer = proc, b""
+        self._prints, self._printed = codecs.getincrementaldecoder("utf-8")("replace"), ""
         self._finalizer = weakref.finalize(self, _stop, proc, os.getpid())  # also at exit
         os.set_blocking(proc.stdin.fileno(), False)
+        os.set_blocking(proc.stderr.fileno(), False)
         try:
             reply = self._exchange(b"", time.monotonic() + START_TIMEOUT_S)
         except CallTimeout:
@@ -298,6 +312,8 @@ class FunctionWorker:
         if "bad_spec" in reply:
             self.close()
             raise BadSpec(reply["bad_spec"])
+        self.plan = CallPlan(**{k: tuple(v) if isinstance(v, list) else v
+                                for k, v in reply["plan"].items()})  # fmt: skip
 
     def _exchange(self, request: bytes, deadline: float) -> dict:
         """Send `request`, then read one reply line by `deadline`. On a timeout, the
@@ -306,8 +322,12 @@ class FunctionWorker:
         try:
             line = self._transfer(proc, memoryview(request), deadline)
         except BaseException:
+            self._copy_prints(proc)
             self.close()
             raise
+        # The worker flushes what the function printed before it replies: all of it is in
+        # the pipe now (all of a dead worker's last words too).
+        self._copy_prints(proc)
         if line is None:  # the worker died
             try:
                 code = proc.wait(timeout=1)
@@ -321,6 +341,7 @@ class FunctionWorker:
         """The reply line; None at the worker's end of file; CallTimeout past `deadline`."""
         with selectors.DefaultSelector() as selector:
             selector.register(proc.stdout, selectors.EVENT_READ)
+            selector.register(proc.stderr, selectors.EVENT_READ)
             if pending:
                 selector.register(proc.stdin, selectors.EVENT_WRITE)
             while b"\n" not in self._buffer:
@@ -338,6 +359,9 @@ class FunctionWorker:
                             return None
                         if not pending:
                             selector.unregister(proc.stdin)
+                    elif key.fileobj is proc.stderr:
+                        if not self._copy_prints(proc):  # closed: the worker is exiting
+                            selector.unregister(proc.stderr)
                     else:
                         chunk = os.read(proc.stdout.fileno(), 1 << 16)
                         if not chunk:
@@ -345,6 +369,29 @@ class FunctionWorker:
                         self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
+
+    def _copy_prints(self, proc: subprocess.Popen) -> bool:
+        """Copy the lines the worker has printed so far to sys.stderr (during a run, the job's
+        console and log), through tqdm, so that a progress bar is redrawn below them instead
+        of being cut; False once its stderr is closed (an unfinished last line is copied)."""
+        data, open_ = b"", True
+        while open_ and len(data) < 1 << 22:  # a function printing without end: 4 MiB a time
+            try:
+                chunk = os.read(proc.stderr.fileno(), 1 << 16)
+            except BlockingIOError:
+                break
+            except (OSError, ValueError):  # the pipe is already closed on our side
+                return False
+            data, open_ = data + chunk, bool(chunk)
+        *lines, self._printed = (self._printed + self._prints.decode(data)).split("\n")
+        if not open_ and self._printed:
+            lines, self._printed = [*lines, self._printed], ""
+        if lines:
+            from tqdm import tqdm  # here: the worker's end imports the standard library only
+
+            tqdm.write("\n".join(lines), file=sys.stderr)
+            sys.stderr.flush()
+        return open_
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ class Rollout:
     # [B] the reward of the policy's greedy response to each response's prompt (ReMax's
     # baseline); None unless the advantage estimator needs it
     baseline_scores: Tensor | None = None
+    # [B] each episode's transcript (env=...; `env.episode.Episode.transcript`: its turns,
+    # calls and token counts), for samples.jsonl; None for single-turn sampling
+    episodes: list[dict] | None = None
 
     @property
     def finish_reasons(self) -> list[str]:  # why each response ended, in vLLM's words
@@ -66,6 +69,7 @@ def rollout_from_tokens(
     sampler_logp: list[list[float]] | None = None,
     own_masks: list[list[int]] | None = None,
     tool_calls: list[int] | None = None,
+    episodes: list[dict] | None = None,
 ) -> Rollout:
     """Token lists laid out as a Rollout: prompts left-padded, responses right-padded.
     `own_masks` (multi-turn episodes): 1 on the model's tokens, 0 on tool turns."""
@@ -95,6 +99,7 @@ def rollout_from_tokens(
         answers=answers if answers is not None else [""] * n,
         sampler_logp=None if sampler_logp is None else logp.to(device),
         tool_calls=None if tool_calls is None else torch.tensor(tool_calls),
+        episodes=episodes,
     )
 
 
@@ -164,6 +169,7 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         baseline_scores=None
         if parts[0].baseline_scores is None
         else torch.cat([r.baseline_scores for r in parts]),
+        episodes=None if parts[0].episodes is None else [x for r in parts for x in r.episodes],
     )
 
 
@@ -184,6 +190,7 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
         step_rewards=None if batch.step_rewards is None else batch.step_rewards[dev],
         tool_calls=None if batch.tool_calls is None else batch.tool_calls[index],
         baseline_scores=None if batch.baseline_scores is None else batch.baseline_scores[index],
+        episodes=None if batch.episodes is None else [batch.episodes[i] for i in rows],
     )
 
 

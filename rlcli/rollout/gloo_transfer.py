@@ -42,6 +42,7 @@ from vllm.distributed.weight_transfer.factory import (
 )
 
 from rlcli.rollout.vllm_engine import repack_tied_head
+from rlcli.rollout.vllm_notices import expected_reload_notices, weightless_layers
 
 BACKEND = "gloo"
 
@@ -98,6 +99,7 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self.group = None
+        self.weightless: set[str] = set()  # layers an update leaves empty (`weightless_layers`)
 
     def init_transfer_engine(self, init_info: GlooWorkerInit) -> None:
         self.group = _group(
@@ -111,6 +113,7 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        self.weightless = weightless_layers(self.model)  # before the reload sets tensors aside
         initialize_layerwise_reload(self.model)
 
     def receive_weights(self, update_info: GlooUpdate) -> None:
@@ -126,7 +129,8 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
+        with expected_reload_notices(self.weightless):
+            finalize_layerwise_reload(self.model, self.model_config)
         repack_tied_head(self.model)
 
     def shutdown(self) -> None:

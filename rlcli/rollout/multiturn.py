@@ -1,18 +1,23 @@
-"""Multi-turn sampling with tools (`env=...`): `EpisodeSampler` wraps the vLLM or transformers
-sampler and runs `env.episode.run_episodes` on it, every episode of the batch advancing
-together (one engine call per turn; an episode that has finished waits for the others).
+"""Multi-turn sampling with tools (`env=...`): `EpisodeSampler` wraps the vLLM sampler (the
+engine in this process, or the rollout workers of `sampler.workers`/`sampler.urls`) or the
+transformers one, and runs `env.episode.run_episodes` on it, every episode of the batch
+advancing together (one `turns` call per turn, which the workers split among themselves; an
+episode that has finished waits for the others).
 
 A tool's output enters the context as a tool turn written by the tokenizer's own chat
 template (for SmolLM2: the model's turn closed, then `<|im_start|>tool ... <|im_end|>` and a
-new assistant turn); a tokenizer without a template gets `<result>...</result>`. Contexts
-are passed to the engine as token ids, never re-tokenized text, so the learner trains on
-exactly the tokens that were sampled.
+new assistant turn; for Qwen2.5: `<tool_response>` inside a user turn); a tokenizer without a
+template gets `<result>...</result>` (env.tool_format=rlcli only). Contexts are passed to the
+engine as token ids, never re-tokenized text, so the learner trains on exactly the tokens
+that were sampled. With env.tool_format=chat_template the prompts also declare the tools
+through the template (`prompt_tools`, which `rewards.sampling` renders them with) and calls
+are read in the template's format (`env.chat_template`).
 """
 
 from __future__ import annotations
 
 from rlcli.config import EnvConfig, SamplerConfig
-from rlcli.env.calls import CALL_END
+from rlcli.env import call_format, prompt_tools
 from rlcli.env.episode import episode_metrics, run_episodes
 from rlcli.env.tools import Toolbox
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
@@ -42,7 +47,11 @@ class EpisodeSampler:
 
     def __init__(self, base, tokenizer, env: EnvConfig, cfg: SamplerConfig):
         self.base, self.tokenizer, self.env, self.cfg = base, tokenizer, env, cfg
-        self.toolbox = Toolbox(env)
+        self.calls = call_format(env, tokenizer)
+        # The tools' JSON schemas every prompt declares (None: rlcli's format, whose system
+        # message describes them)
+        self.prompt_tools = prompt_tools(env, tokenizer)
+        self.toolbox = Toolbox(env, self.calls)
         self.before, self.after = tool_turn_text(tokenizer)
         self.last: dict[str, float] = {}
 
@@ -58,6 +67,11 @@ class EpisodeSampler:
     def metrics(self) -> dict[str, float]:
         return {**self.base.metrics(), **self.last}
 
+    def close(self) -> None:
+        """Stop the rollout workers the base sampler started, if any."""
+        if hasattr(self.base, "close"):
+            self.base.close()
+
     def _tool_tokens(self, output: str) -> list[int]:
         text = f"{self.before}{output}{self.after}"
         return self.tokenizer(text, add_special_tokens=False).input_ids
@@ -72,13 +86,14 @@ class EpisodeSampler:
         seed: int | None = None,
         top_p: float | None = None,
     ) -> Rollout:
-        """`group_size` episodes per prompt, as a Rollout whose texts are the model's words."""
+        """`group_size` episodes per prompt, as a Rollout whose texts are the model's words and
+        whose `episodes` are their transcripts."""
         budget = ("env.max_tokens", self.env.max_tokens)
         encoded = encode_prompts(self.tokenizer, prompts, self.cfg, budget)
         starts = [ids for ids in encoded for _ in range(group_size)]
 
         def generate(contexts, budgets):
-            return self.base.turns(contexts, budgets, [CALL_END], temperature, top_p)
+            return self.base.turns(contexts, budgets, [self.calls.stop], temperature, top_p)
 
         with self.base.seeded(seed):
             episodes = run_episodes(
@@ -105,4 +120,5 @@ class EpisodeSampler:
             sampler_logp=[e.logprobs for e in episodes] if has_logprobs else None,
             own_masks=[e.mask for e in episodes],
             tool_calls=[e.calls for e in episodes],
+            episodes=[e.transcript() for e in episodes],
         )

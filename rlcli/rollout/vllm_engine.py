@@ -9,22 +9,53 @@ trains.
 One engine is kept per process and reused by the next run that asks for the same model and
 engine settings (Hydra multirun jobs, tests): its start-up costs tens of seconds, and a run
 pushes its own initial weights into it before sampling anyway.
+
+vLLM's log goes to train.log (`tracking.console`); the warnings it logs on every run, that
+nobody can act on, are written there at INFO (`vllm_notices`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 from collections.abc import Iterator
 
+import numpy as np
 import torch
+from omegaconf import OmegaConf
 
-from rlcli.config import SamplerConfig
+from rlcli.config import CONF_DIR, SamplerConfig
 from rlcli.env.episode import Turn
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
+from rlcli.rollout.vllm_notices import (
+    checkpoint_casts_expected,
+    expected_reload_notices,
+    quiet_routine_notices,
+    weightless_layers,
+)
 from rlcli.runtime.lora import sampler_weights
 
 _engine: tuple[tuple, object] | None = None  # (settings key, vllm.LLM) of the live engine
+
+
+@contextlib.contextmanager
+def random_state_kept(device: torch.device):
+    """The process's random generators (Python's, NumPy's, torch's on the CPU and `device`) as
+    they were before the block: the engine, started in this process, seeds them with its own."""
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        yield
+    random.setstate(python)
+    np.random.set_state(numpy)
+
+
+def cuda_only_settings_changed(cfg: SamplerConfig) -> list[str]:
+    """`key=value` of the CUDA-only engine settings that differ from conf/sampler_base.yaml (set
+    on the command line or by a recipe): on CPU they change nothing, which the user is told."""
+    base = OmegaConf.load(CONF_DIR / "sampler_base.yaml")
+    keys = ("gpu_memory_utilization", "tensor_parallel_size")
+    return [f"sampler.{k}={getattr(cfg, k)}" for k in keys if getattr(cfg, k) != base[k]]
 
 
 def engine(model_path: str, dtype: str, cfg: SamplerConfig, device: torch.device):
@@ -47,6 +78,7 @@ def engine(model_path: str, dtype: str, cfg: SamplerConfig, device: torch.device
     # vLLM logs every start-up stage and, on CPU, a warning per generate call; rlcli's
     # progress bar says what a user needs. VLLM_LOGGING_LEVEL=INFO brings the logs back.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    quiet_routine_notices()
     from vllm import LLM
 
     if on_cuda:
@@ -56,24 +88,25 @@ def engine(model_path: str, dtype: str, cfg: SamplerConfig, device: torch.device
             "enable_sleep_mode": True,
         }
     else:
-        print(
-            "rlcli: on CPU sampler.gpu_memory_utilization and sampler.tensor_parallel_size are "
-            f"ignored; the engine's KV cache takes sampler.cpu_kv_cache_gb={cfg.cpu_kv_cache_gb}"
-            " GiB."
-        )
+        if changed := cuda_only_settings_changed(cfg):
+            print(
+                f"rlcli: {' and '.join(changed)} ignored on CPU (CUDA only); the engine's KV "
+                f"cache takes sampler.cpu_kv_cache_gb={cfg.cpu_kv_cache_gb} GiB."
+            )
         memory = {"kv_cache_memory_bytes": int(cfg.cpu_kv_cache_gb * 2**30)}
-    llm = LLM(
-        model=model_path,
-        dtype=dtype,
-        max_model_len=cfg.max_model_len,
-        enforce_eager=eager,
-        enable_prefix_caching=True,  # the G samples of a prompt share its prefill
-        # Log-probs after temperature (and top-p), i.e. of the distribution actually sampled;
-        # the learner divides its logits by the same temperature.
-        logprobs_mode="processed_logprobs",
-        use_tqdm_on_load=False,  # rlcli's progress bar is the one on the console
-        **memory,
-    )
+    with random_state_kept(device), checkpoint_casts_expected():
+        llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=eager,
+            enable_prefix_caching=True,  # the G samples of a prompt share its prefill
+            # Log-probs after temperature (and top-p), i.e. of the distribution actually
+            # sampled; the learner divides its logits by the same temperature.
+            logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=False,  # rlcli's progress bar is the one on the console
+            **memory,
+        )
     _engine = (key, llm)
     return llm
 
@@ -100,7 +133,8 @@ def _load_weights(worker, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     if not hasattr(runner, "reload_weights"):  # vLLM releases before in-place reload
         runner.model.load_weights(weights)
         return
-    runner.reload_weights(weights_iterator=weights)
+    with expected_reload_notices(weightless_layers(runner.get_model())):
+        runner.reload_weights(weights_iterator=weights)
     repack_tied_head(runner.get_model())
 
 
@@ -172,8 +206,9 @@ class VLLMSampler:
     def sync(self, policy: torch.nn.Module) -> None:
         """Load the learner's current weights into the engine; drop caches built from old ones."""
         self._wake()
-        # Streamed: each parameter is gathered (when sharded) as the engine loads it.
-        weights = sampler_weights(policy)
+        # Streamed: each parameter is gathered (when sharded) as the engine loads it, and cast
+        # to the engine's dtype (vLLM warns for every weight of another dtype).
+        weights = sampler_weights(policy, self.llm.llm_engine.model_config.dtype)
         self.llm.collective_rpc(_load_weights, args=(weights,))
         self.llm.reset_prefix_cache()
 

@@ -4,7 +4,8 @@ the learner's weights through vLLM's weight-transfer API.
 `sampler.workers=K` starts K local `vllm serve` processes (`server_command`); `sampler.urls`
 names servers started elsewhere (`rlcli rollout-server` on another node). A step's prompts
 are split over the workers, each asked through vLLM's token-in/token-out route
-(`/inference/v1/generate`), so the learner's tokenizer and the engine see the same ids.
+(`/inference/v1/generate`), so the learner's tokenizer and the engine see the same ids; a
+multi-turn episode (env=...) asks there for each of its turns (`turns`).
 After each optimiser step `sync` pushes the weights: `GlooLearnerEngine` (or NCCL on CUDA)
 broadcasts them and vLLM's RL routes (`/start_weight_update`, `/update_weights`,
 `/finish_weight_update`) load them on every worker.
@@ -23,6 +24,7 @@ one finite log-prob per token). A worker that dies, stops answering or answers n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -32,6 +34,7 @@ import requests
 import torch
 
 from rlcli.config import ConfigError, SamplerConfig
+from rlcli.env.episode import Turn
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
 from rlcli.rollout.servers import (
     LocalWorkers,
@@ -52,19 +55,20 @@ from rlcli.runtime.lora import sampler_weight_shapes, sampler_weights
 
 class ParameterSource:
     """The learner's parameters, one full tensor at a time (vLLM's `WeightSource`): a sharded
-    parameter is gathered when it is reached, so no rank holds more than one extra."""
+    parameter is gathered when it is reached, so no rank holds more than one extra. With
+    `dtype` (the workers'), each is cast to it before it is sent."""
 
-    def __init__(self, policy: torch.nn.Module):
-        self.policy = policy
+    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype | None = None):
+        self.policy, self.dtype = policy, dtype
 
     def metadata(self):
         from vllm.distributed.weight_transfer import ParamMeta
 
         # Those of the merged weights when the policy has LoRA adapters.
-        return [ParamMeta(*meta) for meta in sampler_weight_shapes(self.policy)]
+        return [ParamMeta(*meta) for meta in sampler_weight_shapes(self.policy, self.dtype)]
 
     def __iter__(self):
-        return sampler_weights(self.policy)
+        return sampler_weights(self.policy, self.dtype)
 
 
 class WorkerSampler:
@@ -83,6 +87,9 @@ class WorkerSampler:
         self.vocab = vocab_size(model_path, tokenizer)
         self.local = None
         urls = [url.rstrip("/") for url in cfg.urls]
+        # The dtype the workers hold weights in: `dtype` for those started here; a worker at a
+        # URL runs in trainer.dtype (`rlcli rollout-server`), the policy's own: sent as it is.
+        self.dtype = None if urls else getattr(torch, dtype)
         if distributed.is_main() and not urls:
             self.local = LocalWorkers(cfg.workers, model_path, dtype, cfg, log_dir())
             urls = self.local.urls
@@ -164,11 +171,48 @@ class WorkerSampler:
         if self.local is not None:
             self.local.close()
 
+    # -- multi-turn episodes (env=...; rollout.multiturn.EpisodeSampler drives the turns) ---
+    @contextlib.contextmanager
+    def seeded(self, seed: int | None = None):
+        """One sampling call of several `turns`: counted as `sample` counts it, not seeded."""
+        yield
+        self.calls += seed is None
+
+    def turns(self, contexts, budgets, stop, temperature=None, top_p=None) -> list[Turn]:
+        """One reply per token context, each held to its budget, stopping at EOS or a `stop`
+        string (an episode's next turn), through the route `sample` uses: context i goes to
+        worker i mod K (a dead or misbehaving worker is a WorkerLost naming it)."""
+        settings = sampling_settings(self.cfg, 1, self.eos_ids, temperature, top_p)
+        settings["stop"] = [*self.cfg.stop, *stop]
+        return self._guard(self._turns, contexts, budgets, stop, settings)
+
+    def _turns(self, contexts, budgets, stop, settings) -> list[Turn]:
+        k = len(self.urls)
+
+        def ask(i: int, ids: list[int], budget: int) -> dict:
+            body = {"token_ids": ids, "sampling_params": {**settings, "max_tokens": budget}}
+            return self._post(self.urls[i % k], "inference/v1/generate", body, i % k)
+
+        asked = enumerate(zip(contexts, budgets, strict=True))
+        jobs = [self.requests.submit(ask, i, ids, budget) for i, (ids, budget) in asked]
+        turns = []
+        for i, (job, budget) in enumerate(zip(jobs, budgets, strict=True)):
+            answer = job.result()
+            try:
+                [(tokens, cut, logps)] = read_answer(answer, 1, self.vocab, budget)
+            except ValueError as err:
+                why = f"answered a generate request with what cannot be trained on: {err}"
+                raise WorkerLost(self._lost(i % k, why)) from None
+            reason = answer["choices"][0].get("stop_reason")  # the stop string, if one ended it
+            end = "length" if cut else "call" if reason in stop else "eos"
+            turns.append(Turn(tokens, logps, end))
+        return turns
+
     # -- the work ---------------------------------------------------------------------------
     def _push(self, policy: torch.nn.Module) -> None:
         if self.transfer is None:
             self.transfer = self._connect(policy)
-        self.transfer.source = ParameterSource(policy)
+        self.transfer.source = ParameterSource(policy, self.dtype)
         self.transfer.send_weights()
         # Other ranks are done once their gathers are; they must not sample before rank 0
         # has finished the update (the workers' model is half-loaded until then).
@@ -200,7 +244,7 @@ class WorkerSampler:
             init = NCCLTrainerInitInfo(**where)
         clients = WorkerClients(self.urls, self.cfg.worker_timeout_s, per_worker)
         return WeightTransferTrainerFactory.trainer_init(
-            init, client=clients, source=ParameterSource(policy)
+            init, client=clients, source=ParameterSource(policy, self.dtype)
         )
 
     def _sample(self, prompts, group_size, prompt_ids, answers, temperature, top_p=None):

@@ -239,20 +239,31 @@ def _merged(model: nn.Module, deltas: bool = True) -> Iterator[tuple[str, torch.
                 yield prefix + pname, param.detach()
 
 
+def _sent_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype a tensor is sent to the engine in: the engine's for floating-point weights."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
 @torch.no_grad()
-def sampler_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def sampler_weights(
+    model: nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """What an inference engine loads after a step: the merged weights of a LoRA model, else
-    every parameter (gathered one at a time when sharded)."""
-    if has_adapters(model):
-        yield from _merged(model)
-    else:
-        yield from distributed.full_parameters(model)
+    every parameter (gathered one at a time when sharded). With `dtype` (the engine's), each
+    floating-point tensor is cast to it here, once, after merging: the engine then copies it
+    as it is, and a worker receives half the bytes of float32 when it runs in bfloat16."""
+    tensors = _merged(model) if has_adapters(model) else distributed.full_parameters(model)
+    for name, tensor in tensors:
+        yield name, tensor.to(_sent_dtype(tensor, dtype))
 
 
-def sampler_weight_shapes(model: nn.Module) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    """(name, dtype, shape) of each tensor `sampler_weights` yields, without computing any."""
+def sampler_weight_shapes(
+    model: nn.Module, dtype: torch.dtype | None = None
+) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, dtype, shape) of each tensor `sampler_weights(model, dtype)` yields, without
+    computing any."""
     tensors = _merged(model, deltas=False) if has_adapters(model) else model.named_parameters()
-    return [(name, t.dtype, tuple(t.shape)) for name, t in tensors]
+    return [(name, _sent_dtype(t, dtype), tuple(t.shape)) for name, t in tensors]
 
 
 def base_model_path(directory: Path) -> str:

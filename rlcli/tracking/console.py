@@ -97,9 +97,11 @@ def _route(logger: logging.Logger, handler: logging.Handler) -> tuple[list, bool
 
 
 def quiet_libraries() -> None:
-    """Before any library is imported: vLLM configures its own console logger unless told not
-    to (its records then reach `job_log`'s handler like any library's); C++ warnings of torch
-    and vLLM's CPU kernels (a NUMA binding notice on every CPU run) are written by C++ straight
-    to the terminal, past Python, so only their level can keep them off it: errors only."""
+    """Before any library is imported: vLLM and MLflow configure their own console loggers
+    unless told not to (their records then reach `job_log`'s handler like any library's); C++
+    warnings of torch and vLLM's CPU kernels (a NUMA binding notice on every CPU run) are
+    written by C++ straight to the terminal, past Python, so only their level can keep them off
+    it: errors only."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

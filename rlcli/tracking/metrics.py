@@ -50,6 +50,8 @@ class MetricsLog:
         }
         self.file.write(json.dumps(clean) + "\n")
         self.file.flush()
+        if "time/step" not in metrics:  # an evaluation before the first step, not a step
+            return
         self.bar.set_postfix(
             {
                 self.headline: f"{metrics[self.headline]:.3f}",

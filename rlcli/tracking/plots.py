@@ -1,7 +1,8 @@
 """Training curves from `metrics.jsonl`: each run's `curves.png`, `rlcli plot`, a sweep's chart.
 
 Small multiples against the step, one panel per metric a run logged (reward, held-out
-accuracy, response length, entropy, clip fraction, KL), one line per run. Drawn with
+accuracy, loss, gradient norm, response length, entropy, clip fraction, KL, a learning rate
+that moves, tool calls), one line per run, every panel over the same steps. Drawn with
 matplotlib's object API on the Agg canvas, so nothing needs a display and no pyplot state is
 shared between runs.
 """
@@ -24,10 +25,13 @@ class Panel:
     """One panel: the first of `keys` a run logs is its line (runs may differ)."""
 
     keys: tuple[str, ...]
-    requires: str | None = None  # drawn only for runs that also log this key
     # Logged only at some steps (held-out evaluations): points joined across the steps
     # between them, each marked, rather than gaps.
     sparse: bool = False
+    # Metrics of the same scale drawn in the same panel, dotted, for the runs that log them.
+    extra: tuple[str, ...] = ()
+    # Drawn only for a run whose values change: a constant learning rate is no news.
+    varying: bool = False
 
 
 REWARD = Panel(("reward/mean", "reward/accuracy"))  # DPO logs the accuracy of its pairs
@@ -35,13 +39,19 @@ HELD_OUT = Panel(("eval/accuracy",), sparse=True)  # trainer.eval_every
 PANELS = (
     REWARD,
     HELD_OUT,
-    # DPO's loss is its objective; the RL surrogate loss says little about progress.
-    Panel(("loss/policy",), requires="reward/accuracy"),
+    # The loss minimised: DPO's objective; RL's surrogate, whose level says little about
+    # progress but whose spikes, NaNs and flat zeros (nothing trained) do.
+    Panel(("loss/policy",)),
+    # The global gradient norm before clipping (trainer.max_grad_norm).
+    Panel(("actor/grad_norm",)),
     Panel(("response/length_mean",)),
     Panel(("actor/entropy",)),
     Panel(("clip/frac",)),
     # KL to the reference when beta > 0, else how far each update moved the policy.
     Panel(("loss/kl", "policy/approx_kl")),
+    Panel(("actor/lr",), varying=True),  # trainer.warmup_steps, trainer.lr_scheduler
+    # env=...: tool calls in each step's episodes, and the failed ones.
+    Panel(("env/tool_calls",), extra=("env/tool_errors",)),
 )
 
 Runs = dict[str, list[dict]]  # label -> rows of metrics.jsonl
@@ -58,11 +68,16 @@ def has_values(rows: list[dict], key: str) -> bool:
     return any(math.isfinite(v) for v in series(rows, key)[1])
 
 
+def varies(rows: list[dict], key: str) -> bool:
+    return len({v for v in series(rows, key)[1] if math.isfinite(v)}) > 1
+
+
 def panel_key(panel: Panel, rows: list[dict]) -> str | None:
     """The key this run draws in `panel`, or None when the run has none of its metrics."""
-    if panel.requires and not has_values(rows, panel.requires):
+    key = next((key for key in panel.keys if has_values(rows, key)), None)
+    if key is not None and panel.varying and not varies(rows, key):
         return None
-    return next((key for key in panel.keys if has_values(rows, key)), None)
+    return key
 
 
 def panel_lines(runs: Runs, panels=PANELS) -> list[dict[str, str]]:
@@ -90,20 +105,43 @@ def line_styles(labels) -> dict[str, dict]:
     }
 
 
+def step_range(runs: Runs) -> tuple[float, float]:
+    """The steps every panel spans (0 when a run evaluated before its first step)."""
+    steps = [row["step"] for rows in runs.values() for row in rows] or [1]
+    low, high = min(steps), max(steps)
+    margin = max(0.5, 0.03 * (high - low))
+    return low - margin, high + margin
+
+
+def draw_line(ax, rows: list[dict], key: str, style: dict, sparse: bool) -> None:
+    """One run's line of `key` against the step."""
+    steps, values = series(rows, key)
+    if sparse:
+        points = [(s, v) for s, v in zip(steps, values, strict=True) if math.isfinite(v)]
+        steps, values = [s for s, _ in points], [v for _, v in points]
+    marker = "o" if sparse or len(steps) <= MARKER_LIMIT else None
+    ax.plot(steps, values, marker=marker, markersize=3, **style)
+
+
 def draw_panel(
-    ax, runs: Runs, keys: dict[str, str], styles: dict[str, dict], sparse: bool = False
+    ax, runs: Runs, keys: dict[str, str], styles: dict[str, dict], panel: Panel = REWARD
 ) -> None:
-    """One panel: each run's line of its key against the step."""
+    """One panel: each run's line of its key against the step (and of the panel's extra
+    metrics, dotted, with a legend naming them)."""
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
+    extra = [k for k in panel.extra if any(has_values(runs[label], k) for label in keys)]
     for label, key in keys.items():
-        steps, values = series(runs[label], key)
-        if sparse:
-            points = [(s, v) for s, v in zip(steps, values, strict=True) if math.isfinite(v)]
-            steps, values = [s for s, _ in points], [v for _, v in points]
-        marker = "o" if sparse or len(steps) <= MARKER_LIMIT else None
-        ax.plot(steps, values, marker=marker, markersize=3, **styles[label])
-    ax.set_title(" / ".join(dict.fromkeys(keys.values())))
+        draw_line(ax, runs[label], key, styles[label], panel.sparse)
+        for other in extra:
+            draw_line(ax, runs[label], other, {**styles[label], "linestyle": ":"}, panel.sparse)
+    named = list(dict.fromkeys(keys.values()))
+    if extra:
+        lines = ["-"] * len(named) + [":"] * len(extra)
+        handles = [Line2D([], [], color="0.3", linestyle=line) for line in lines]
+        ax.legend(handles, [*named, *extra], fontsize="small")
+    ax.set_title((" and " if extra else " / ").join([*named, *extra]))
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.get_major_formatter().set_useOffset(False)  # an offset label covers the title
@@ -127,8 +165,10 @@ def draw_curves(runs: Runs, out: Path, title: str = "", panels=PANELS) -> Path:
     fig = Figure(figsize=size, layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).flatten()
     styles = line_styles(runs)
+    span = step_range(runs)
     for ax, (panel, keys) in zip(axes, drawn, strict=False):
-        draw_panel(ax, runs, keys, styles, panel.sparse)
+        draw_panel(ax, runs, keys, styles, panel)
+        ax.set_xlim(*span)
     for ax in axes[len(lines) :]:
         ax.set_axis_off()
     if not lines:

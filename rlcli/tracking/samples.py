@@ -4,8 +4,12 @@ Every `logger.samples_every` steps (default 1) each response scored in the step 
 samples.jsonl: the step, the prompt and its problem id, the response, the ground truth, the
 reward and each reward component, the response's length in tokens, and its advantage (null
 for a response the step did not train on, such as a group DAPO's dynamic sampling dropped).
+With tools (env=...) the response is the model's own words and `episode` holds the whole
+episode: its turns in order (the model's text; each call's tool, input, output and errors),
+whether each turn trained, and the counts of trained and context (tool turn) tokens.
 Every `logger.print_samples_every` steps (0 = never) the first few of them are printed as a
-table above the progress bar, as TRL's `log_completions` does.
+table above the progress bar, as TRL's `log_completions` does (with tools, with the number of
+calls each episode made).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ def sample_rows(step: int, samples: Sequence, advantages: dict) -> list[dict]:
             "length": s.length,
             "advantage": None if advantage is None else _number(advantage),
         })  # fmt: skip
+        if s.episode is not None:
+            rows[-1]["episode"] = s.episode
     return rows
 
 
@@ -59,14 +65,19 @@ def _cell(text: str, width: int) -> str:
 
 
 def samples_table(rows: list[dict]) -> str:
-    """The first TABLE_ROWS rows as a fixed-width text table."""
-    lines = [f"{'reward':>7} {'adv':>6} {'len':>4}  {'prompt':<{TEXT_WIDTH}}  response"]
+    """The first TABLE_ROWS rows as a fixed-width text table; episodes (env=...) add the
+    number of tool calls each made."""
+    calls = any("episode" in r for r in rows[:TABLE_ROWS])
+    head = f"{'reward':>7} {'adv':>6} {'len':>4}" + (f" {'calls':>5}" if calls else "")
+    lines = [f"{head}  {'prompt':<{TEXT_WIDTH}}  response"]
     for r in rows[:TABLE_ROWS]:
         reward = "nan" if r["reward"] is None else f"{r['reward']:.3f}"
         adv = "-" if r["advantage"] is None else f"{r['advantage']:+.2f}"
+        cells = f"{reward:>7} {adv:>6} {r['length']:>4}"
+        if calls:
+            cells += f" {r['episode']['calls'] if 'episode' in r else '-':>5}"
         prompt = _cell(r["prompt"], TEXT_WIDTH)
-        lines.append(f"{reward:>7} {adv:>6} {r['length']:>4}  {prompt:<{TEXT_WIDTH}}  "
-                     f"{_cell(r['response'], TEXT_WIDTH)}")  # fmt: skip
+        lines.append(f"{cells}  {prompt:<{TEXT_WIDTH}}  {_cell(r['response'], TEXT_WIDTH)}")
     return "\n".join(lines)
 
 
@@ -97,5 +108,5 @@ class SamplesLog:
             with self.path.open("a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in rows))
         if show:
-            write(f"[step {step}] samples ({len(rows)} scored; reward, advantage, length)\n"
-                  + samples_table(rows))  # fmt: skip
+            columns = "reward, advantage, length" + (", tool calls" if "episode" in rows[0] else "")
+            write(f"[step {step}] samples ({len(rows)} scored; {columns})\n" + samples_table(rows))

@@ -10,6 +10,8 @@ With `logger=tensorboard`, TensorBoard event files in `<run_dir>/tensorboard/`; 
 `logger=mlflow`, an MLflow run in `<run_dir>/mlflow.db` (no server needed: `mlflow ui
 --backend-store-uri sqlite:///<run_dir>/mlflow.db`). `logger.backends` lists them, so any
 combination works (`logger.backends=[jsonl,tensorboard,mlflow]`); each uses its own library.
+Each external tracker says where its run is in one `rlcli:` line as the run starts (`where`);
+W&B's own banner and hints go to the job log (train.log), not to the console.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import math
 import uuid
 from collections.abc import Iterator, Sequence
@@ -43,6 +46,7 @@ class ScoredSample:
     problem_id: str = ""
     components: dict = dataclasses.field(default_factory=dict)  # each component's own score
     length: int = 0  # response tokens
+    episode: dict | None = None  # env=...: the whole episode (`env.episode.Episode.transcript`)
 
 
 class RecordingScorer:
@@ -70,6 +74,7 @@ class RecordingScorer:
                     s.problem_id,
                     {name: values[i] for name, values in parts.items()},
                     s.length,
+                    s.episode,
                 )
                 for i, (s, reward) in enumerate(zip(samples, scores.total.tolist(), strict=True))
             ]
@@ -119,15 +124,38 @@ class WandbRun:
         id_file = run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
-        self.run = wandb.init(
-            project=logger.project,
-            entity=logger.entity,
-            name=logger.run_name or run_dir.name,
-            dir=str(run_dir),
-            config=config,
-            id=run_id,
-            resume="allow",
-        )
+        # Silent: W&B's banner, its hints and its advertisements (Weave, on seeing vLLM's
+        # openai import) are written to the "wandb" logger, which the job log sends to
+        # train.log, instead of to the console; `where` is what the console shows.
+        silent = wandb.Settings(silent=True)
+        wandb.setup(settings=silent)
+        wandb.termsetup(silent, logging.getLogger("wandb"))
+        try:
+            self.run = wandb.init(
+                project=logger.project,
+                entity=logger.entity,
+                name=logger.run_name or run_dir.name,
+                dir=str(run_dir),
+                config=config,
+                id=run_id,
+                resume="allow",
+                settings=silent,
+            )
+        except wandb.errors.UsageError as err:  # no API key, an unknown entity, ...
+            raise ConfigError(
+                f"logger=wandb could not start a W&B run: {err} Or keep the run on disk with "
+                "WANDB_MODE=offline (upload it later with `wandb sync`), or use another "
+                "logger (logger=jsonl, tensorboard, mlflow)."
+            ) from None
+        self.where = self._where()
+
+    def _where(self) -> str:
+        if self.run.disabled:
+            return "rlcli: W&B is disabled (WANDB_MODE=disabled); nothing is sent to it"
+        files = Path(self.run.settings.sync_dir).resolve()
+        if self.run.offline:
+            return f"rlcli: W&B run kept offline in {files} (upload it: wandb sync {files})"
+        return f"rlcli: W&B run at {self.run.url} (its files in {files})"
 
     def log(self, metrics: dict, samples: list[ScoredSample]) -> None:
         step = metrics["step"]
@@ -140,6 +168,9 @@ class WandbRun:
 
     def finish(self) -> None:
         self.run.finish()
+        # W&B's background service stops now, while the job log still takes its last records
+        # (else they reach the console as the process exits).
+        self.wandb.teardown()
 
 
 def _finite_numbers(metrics: dict) -> dict[str, float]:
@@ -157,7 +188,9 @@ class TensorBoardRun:
     def __init__(self, logger: LoggerConfig, config: dict, run_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        logs = (run_dir / "tensorboard").resolve()
+        self.writer = SummaryWriter(log_dir=str(logs))
+        self.where = f"rlcli: TensorBoard logs in {logs} (tensorboard --logdir {logs})"
         text = json.dumps(config, indent=1)
         self.writer.add_text("config", "    " + text.replace("\n", "\n    "))  # as code
 
@@ -180,7 +213,9 @@ class MlflowRun:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+        uri = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+        mlflow.set_tracking_uri(uri)
+        self.where = f"rlcli: MLflow runs in {uri} (mlflow ui --backend-store-uri {uri})"
         experiment = mlflow.get_experiment_by_name(logger.project)
         experiment_id = (
             experiment.experiment_id
@@ -262,6 +297,8 @@ class Tracker:
             for name in dict.fromkeys(cfg.logger.backends)
             if BACKENDS[name][0] is not None
         ]
+        for remote in self.remotes:
+            print(remote.where)
         self.metrics = MetricsLog(
             run_dir, cfg.trainer.max_steps, cfg.logger.progress, headline, first_step
         )

@@ -287,14 +287,16 @@ def load_checkpoint(path: Path) -> tuple[dict, dict]:
 
 def apply_optimizer_settings(optimizer, t: TrainerConfig, scheduler=None) -> None:
     """Put this command's learning rate and weight decay into a restored optimiser (a state
-    dict brings back the saved ones), so a resumed run trains with the values it reports."""
+    dict brings back the saved ones), so a resumed run trains with the values it reports.
+    With `scheduler` (its state loaded: the updates done), the rate is this command's schedule
+    (`train.run.lr_schedule`) at that point."""
     if scheduler is not None:
         scheduler.base_lrs = [t.lr for _ in optimizer.param_groups]
     for i, group in enumerate(optimizer.param_groups):
         group["weight_decay"] = t.weight_decay
         group["initial_lr"] = t.lr
-        warmup = scheduler.lr_lambdas[i](scheduler.last_epoch) if scheduler is not None else 1.0
-        group["lr"] = t.lr * warmup
+        factor = scheduler.lr_lambdas[i](scheduler.last_epoch) if scheduler is not None else 1.0
+        group["lr"] = t.lr * factor
 
 
 def read_state(path: Path) -> dict:

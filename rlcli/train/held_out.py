@@ -8,23 +8,33 @@
   up to n;
 - tool_call_rate (env=...): the share of greedy episodes that called a tool.
 
+Each problem's replies, rewards and correctness come back too (`Evaluation.problems`), for
+`eval_samples.jsonl` (`write_eval_samples`).
+
 Evaluation draws from its own seed, so evaluating during training leaves the training
 samples as they would have been without it.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import torch
 from tqdm import tqdm
 
 from rlcli.config import EvalConfig
-from rlcli.data.problems import Problem
+from rlcli.data.problems import Problem, write_jsonl
 from rlcli.rewards.sampling import scored_chunks
-from rlcli.rewards.scorer import Scorer
+from rlcli.rewards.scorer import Scorer, Scores
+from rlcli.rollout.batch import Rollout
 from rlcli.rollout.samplers import Sampler
 
 # Evaluation's seed offset from trainer.seed, far from the training stream's call counts.
 EVAL_SEED = 7_777_777
+# Per-problem replies of an evaluation (rlcli eval; the latest held-out one of a training run).
+EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -45,6 +55,40 @@ def pass_at_ks(correct: torch.Tensor) -> dict[str, float]:
     return {f"pass@{k}": sum(pass_at_k(n, c, k) for c in counts) / len(counts) for k in ks}
 
 
+@dataclass
+class Evaluation:
+    """What an evaluation found: the metrics, and per problem what was sampled and scored."""
+
+    metrics: dict[str, float]  # accuracy, tool_call_rate (env=...), pass@k
+    # One record per problem: its prompt and answer, the greedy reply and the eval.k samples,
+    # each with its reward, components and correctness (`reply_record`).
+    problems: list[dict] = field(default_factory=list)
+
+
+def share(flags: list[bool]) -> float:
+    """The share of true flags, as an exact fraction (no float32 rounding)."""
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+def reply_record(rollout: Rollout, scores: Scores, row: int, correct_above: float) -> dict:
+    """One reply as eval_samples.jsonl holds it: the text, its reward (null where the reward
+    failed) and components, whether it counts as correct, and whether it was cut off."""
+    reward = scores.total[row].item()
+    record = {
+        "response": rollout.texts[row],
+        "reward": None if math.isnan(reward) else round(reward, 6),
+        "components": {
+            name: None if math.isnan(v := values[row].item()) else round(v, 6)
+            for name, values in scores.components.items()
+        },
+        "correct": bool(reward > correct_above),
+        "truncated": bool(rollout.truncated[row]),
+    }
+    if rollout.tool_calls is not None:
+        record["tool_calls"] = int(rollout.tool_calls[row])
+    return record
+
+
 def evaluate(
     sampler: Sampler,
     scorer: Scorer,
@@ -54,8 +98,9 @@ def evaluate(
     system_prompt: str | None,
     seed: int,
     progress: bool = False,
-) -> dict[str, float]:
-    """Greedy accuracy and pass@k of the sampler's current weights on `problems`."""
+) -> Evaluation:
+    """Greedy accuracy and pass@k of the sampler's current weights on `problems`, and what
+    each problem's replies were."""
     problems = problems[: cfg.max_problems] if cfg.max_problems else problems
     each = dict(
         sampler=sampler,
@@ -74,19 +119,42 @@ def evaluate(
         ),
         strict=True,
     )
-    greedy, sampled, calling = [], [], []
+    records, sampled = [], []
     bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=not progress)
-    for (chunk, rollout, greedy_scores), (_, _, sampled_scores) in chunks:
-        greedy.append(greedy_scores.total > cfg.correct_above)
-        if rollout.tool_calls is not None:  # env=...: did the greedy episode call a tool?
-            calling.append(rollout.tool_calls > 0)
+    for (chunk, greedy, greedy_scores), (_, samples, sampled_scores) in chunks:
+        for i, problem in enumerate(chunk):
+            replies = range(i * cfg.k, (i + 1) * cfg.k)
+            record = {
+                "id": problem.id,
+                "prompt": problem.question,
+                "answer": problem.answer,
+                "greedy": reply_record(greedy, greedy_scores, i, cfg.correct_above),
+                "samples": [
+                    reply_record(samples, sampled_scores, j, cfg.correct_above) for j in replies
+                ],
+            }
+            record["correct_samples"] = sum(r["correct"] for r in record["samples"])
+            records.append(record)
         sampled.append((sampled_scores.total > cfg.correct_above).view(len(chunk), cfg.k))
         bar.update(len(chunk))
-        bar.set_postfix(accuracy=f"{torch.cat(greedy).float().mean():.3f}")
+        bar.set_postfix(accuracy=f"{share([r['greedy']['correct'] for r in records]):.3f}")
     bar.close()
-    calls = {"tool_call_rate": torch.cat(calling).float().mean().item()} if calling else {}
-    return {
-        "accuracy": torch.cat(greedy).float().mean().item(),
+    greedy_replies = [r["greedy"] for r in records]
+    calls = (
+        {"tool_call_rate": share([r["tool_calls"] > 0 for r in greedy_replies])}
+        if greedy_replies and "tool_calls" in greedy_replies[0]
+        else {}
+    )  # env=...: the share of greedy episodes that called a tool
+    metrics = {
+        "accuracy": share([r["correct"] for r in greedy_replies]),
         **calls,
         **pass_at_ks(torch.cat(sampled)),
     }
+    return Evaluation(metrics, records)
+
+
+def write_eval_samples(problems: list[dict], path: Path, step: int | None = None) -> Path:
+    """Each problem's record as a JSON line (with the training `step` it was evaluated at)."""
+    stamp = {} if step is None else {"step": step}
+    write_jsonl([{**stamp, **record} for record in problems], path)
+    return path

@@ -19,13 +19,14 @@ from rlcli.config import Config
 from rlcli.env import system_prompt
 from rlcli.rollout.servers import WorkerLost
 from rlcli.runtime import distributed
+from rlcli.tracking.metrics import read_metrics
 from rlcli.tracking.trackers import NoTracker, Tracker
 from rlcli.train import dpo
 from rlcli.train import run as rl
 from rlcli.train import step as rl_step
 from rlcli.train.checkpoint import read_state, remove_incomplete, resume_point
 from rlcli.train.guard import EXIT_WORKER_LOST, LoopGuard, RunStopped, resume_command
-from rlcli.train.held_out import EVAL_SEED, evaluate
+from rlcli.train.held_out import EVAL_SAMPLES_FILE, EVAL_SEED, evaluate, write_eval_samples
 from rlcli.train.hub import check_push, push
 from rlcli.train.run_dir import check_resume, record_config
 
@@ -39,11 +40,17 @@ class Trainer:
     # run -> (metrics, the responses it scored, for the tracker's table)
     # run -> (metrics, the samples it scored, {(problem id, response): advantage})
     train_step: Callable[[Any], tuple[dict[str, float], list, dict]]
-    held_out: Callable[[Any], dict[str, float]]  # run -> eval metrics due after this step
+    # (run, run_dir) -> eval metrics due after this step
+    held_out: Callable[[Any, Path], dict[str, float]]
+    # (run, run_dir) -> the held-out metrics of the weights as they are (trainer.val_before_train),
+    # None when the data has no held-out split
+    evaluate: Callable[[Any, Path], dict[str, float] | None]
     save: Callable[[Any, Path], Path]  # (run, run_dir) -> the checkpoint written
     describe: Callable[[Any], str]  # run -> what is trained, for the first line printed
     before: Callable[[Any], str | None] = lambda run: None  # a line to print before step 1
     headline: str = "reward/mean"  # the metric the progress bar shows
+    # (run, a step's metrics) -> why that step trained on no tokens, or None when it trained
+    untrained: Callable[[Any, dict], str | None] = lambda run, metrics: None
 
 
 def rl_train_step(run: rl.Run) -> tuple[dict[str, float], list, dict]:
@@ -56,20 +63,32 @@ def rl_train_step(run: rl.Run) -> tuple[dict[str, float], list, dict]:
     return metrics, samples, advantages
 
 
-def rl_held_out(run: rl.Run) -> dict[str, float]:
-    """Greedy accuracy and pass@k every `trainer.eval_every` steps and at the end."""
-    cfg, t = run.cfg, run.cfg.trainer
-    if not t.eval_every or (run.step % t.eval_every and run.step != t.max_steps):
-        return {}
-    return evaluate(
+def rl_evaluate(run: rl.Run, run_dir: Path) -> dict[str, float] | None:
+    """Greedy accuracy and pass@k of the current weights on the held-out split; each problem's
+    replies go to eval_samples.jsonl (the latest evaluation's, marked with its step)."""
+    if not run.test_problems:
+        return None
+    cfg = run.cfg
+    result = evaluate(
         run.sampler,
         run.scorer,
         run.tokenizer,
         run.test_problems,
         cfg.eval,
         system_prompt(cfg),
-        t.seed + EVAL_SEED,
+        cfg.trainer.seed + EVAL_SEED,
     )
+    if distributed.is_main():
+        write_eval_samples(result.problems, run_dir / EVAL_SAMPLES_FILE, step=run.step)
+    return result.metrics
+
+
+def rl_held_out(run: rl.Run, run_dir: Path) -> dict[str, float]:
+    """The held-out evaluation every `trainer.eval_every` steps and at the end."""
+    t = run.cfg.trainer
+    if not t.eval_every or (run.step % t.eval_every and run.step != t.max_steps):
+        return {}
+    return rl_evaluate(run, run_dir) or {}
 
 
 TRAINERS: dict[str, Trainer] = {
@@ -77,13 +96,18 @@ TRAINERS: dict[str, Trainer] = {
         setup=rl.setup,
         train_step=rl_train_step,
         held_out=rl_held_out,
+        evaluate=rl_evaluate,
         save=rl.save,
         describe=lambda run: f"training {run.model_path} on {run.device}",
+        untrained=lambda run, metrics: rl_step.untrained_reason(run.cfg, metrics),
     ),
     "dpo": Trainer(
         setup=dpo.setup,
         train_step=lambda run: (dpo.train_step(run), [], {}),
-        held_out=dpo.held_out,
+        held_out=lambda run, run_dir: dpo.held_out(run),
+        evaluate=lambda run, run_dir: (
+            dpo.pair_metrics(run, run.test_pairs) if run.test_pairs else None
+        ),
         save=dpo.save,
         describe=lambda run: (
             f"DPO on {len(run.pairs.problems)} pairs with {run.model_path} on {run.device}"
@@ -92,6 +116,25 @@ TRAINERS: dict[str, Trainer] = {
         headline="reward/accuracy",
     ),
 }
+
+
+def evaluate_before_training(trainer: Trainer, run, run_dir: Path, tracker) -> None:
+    """trainer.val_before_train: the held-out metrics of the initial weights, logged at step 0
+    and printed; not again when an earlier start of this run logged them."""
+    logged = distributed.is_main() and any(row["step"] == 0 for row in read_metrics(run_dir))
+    if distributed.all_max(int(logged)):  # every rank evaluates, or none
+        return
+    metrics = trainer.evaluate(run, run_dir)
+    if metrics is None:
+        tracker.write(
+            f"rlcli: trainer.val_before_train: data={run.cfg.data.name} has no held-out split, "
+            "so nothing is evaluated before step 1 (set data.num_test or data.test_path)."
+        )
+        return
+    metrics = distributed.mean_metrics({f"eval/{k}": v for k, v in metrics.items()})
+    tracker.log({"step": 0, **metrics})  # a row of evaluation only, as eval_every's are
+    shown = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in metrics.items())
+    tracker.write(f"rlcli: held-out before training (step 0): {shown}")
 
 
 def worker_lost(lost: WorkerLost, run, trainer: Trainer, tracker, run_dir: Path) -> RunStopped:
@@ -158,8 +201,11 @@ def train(cfg: Config, run_dir: Path) -> Path:
         if distributed.is_main()
         else NoTracker()
     )
-    if run.step == 0 and (line := trainer.before(run)):
+    if run.step == 0 and t.val_before_train:
+        evaluate_before_training(trainer, run, run_dir, tracker)
+    elif run.step == 0 and (line := trainer.before(run)):
         tracker.write(line)
+    first_step, untrained = run.step + 1, []  # steps of this start that trained on no tokens
     with LoopGuard(t.max_bad_steps, tracker.write) as guard:
         while run.step < t.max_steps:
             lost = None
@@ -177,10 +223,18 @@ def train(cfg: Config, run_dir: Path) -> Path:
             metrics = distributed.mean_metrics({"step": run.step, **metrics})
             try:
                 if lost is None:
-                    metrics.update({f"eval/{k}": v for k, v in trainer.held_out(run).items()})
+                    held_out = trainer.held_out(run, run_dir)
+                    metrics.update({f"eval/{k}": v for k, v in held_out.items()})
             except WorkerLost as err:
                 lost = err  # the step's rows are written all the same, without the eval
             tracker.log(metrics, samples, advantages)
+            if (why := trainer.untrained(run, metrics)) is not None:
+                if not untrained:  # once a run: the count comes at the end
+                    tracker.write(
+                        f"rlcli: warning: step {run.step} trained on no tokens "
+                        f"(batch/trained_token_share=0, loss and gradient 0): {why}."
+                    )
+                untrained.append(run.step)
             guard.observe(run.step, metrics)
             if lost is not None:
                 raise worker_lost(lost, run, trainer, tracker, run_dir) from None
@@ -193,6 +247,12 @@ def train(cfg: Config, run_dir: Path) -> Path:
                 tracker.finish()
                 raise guard.stop(run.step, saved, run_dir)
     curves = tracker.finish()
+    if untrained:
+        say(
+            f"rlcli: warning: {len(untrained)} of the {run.step - first_step + 1} steps trained "
+            f"on no tokens (batch/trained_token_share=0); the warning at step {untrained[0]} "
+            "says why."
+        )
     say(f"rlcli: metrics in {tracker.path}")
     say(f"rlcli: curves in {curves}")
     say(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")

@@ -39,6 +39,7 @@ FREE = (
     "trainer.resume",
     "trainer.max_bad_steps",
     "trainer.eval_every",
+    "trainer.val_before_train",
     "trainer.device",
     "trainer.micro_batch_size",
     "trainer.max_tokens_per_micro_batch",
@@ -67,6 +68,8 @@ APPLIED = (
     "trainer.lr",
     "trainer.weight_decay",
     "trainer.warmup_steps",
+    "trainer.lr_scheduler",
+    "trainer.lr_scheduler_kwargs.",
     "trainer.max_grad_norm",
     "algo.beta",
     "algo.entropy_coef",
@@ -86,7 +89,8 @@ def kind_of_field(key: str) -> str:
     """'free', 'applied' or 'fixed': what a resumed run does when `key` changed."""
     if any(key == p or (p.endswith(".") and key.startswith(p)) for p in FREE):
         return "free"
-    return "applied" if key in APPLIED else "fixed"
+    applied = any(key == p or (p.endswith(".") and key.startswith(p)) for p in APPLIED)
+    return "applied" if applied else "fixed"
 
 
 def resume_changes(saved: dict, cfg: Config) -> dict[str, list[tuple[str, object, object]]]:
@@ -113,7 +117,7 @@ def check_resume(saved: dict | None, cfg: Config, checkpoint: Path, step: int) -
         raise ConfigError(
             f"this command would continue {checkpoint} (step {step}), but it differs from that "
             f"run in fields that cannot change mid-run: {listed}. A run keeps its model, data, "
-            "reward, algorithm, batch shape, seed and precision (README, Resuming). Either "
+            "reward, algorithm, batch shape, seed and precision (docs/reliability.md). Either "
             "write this run to a new directory (hydra.run.dir=NEW), or, if you meant to "
             "start afresh rather than continue, set trainer.resume=null (it refuses a "
             "directory that already holds checkpoints); or drop those overrides to continue."

@@ -15,13 +15,14 @@ import time
 
 import torch
 
-from rlcli.config import ConfigError
+from rlcli.config import Config, ConfigError
 from rlcli.data.problems import render_prompt
 from rlcli.env import system_prompt
 from rlcli.ops.advantages import AdvantageInputs
 from rlcli.ops.policy_loss import adaptive_kl_beta, kl_reward_penalty
+from rlcli.rewards.components import component_names
 from rlcli.rewards.sampling import sample_and_score
-from rlcli.rewards.scorer import Scores, nanmean
+from rlcli.rewards.scorer import Scores
 from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
 from rlcli.rollout.servers import WorkerLost
 from rlcli.runtime import distributed
@@ -36,7 +37,11 @@ from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
 
 
 def reward_metrics(rounds: list[Scores]) -> dict[str, float]:
-    """Each component's mean over every response sampled this step, and the failures."""
+    """reward/mean, reward/std, each component's mean and the failures, over every response
+    sampled this step."""
+    # One set of responses for all of them: under DAPO's dynamic sampling every round's, the
+    # groups dropped too (what the policy produced this step, not the kept groups' mean, which
+    # the filter pulls towards the middle); under DUPO the groups as sampled, before duplicates.
     joined = Scores(
         total=torch.cat([r.total for r in rounds]),
         components={k: torch.cat([r.components[k] for r in rounds]) for k in rounds[0].components},
@@ -88,7 +93,7 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
             batch = dataclasses.replace(batch, baseline_scores=baseline)
         rounds.append(round_scores)
         scores = round_scores.total
-        judged = filter_values(round_scores, algo.filter_metric, run.cfg.reward.components)
+        judged = filter_values(round_scores, algo.filter_metric, component_names(run.cfg.reward))
         informative = informative_groups(judged.view(P, G))
         sampled_groups += P
         equal_groups += int((~informative).sum())
@@ -132,6 +137,33 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
     return batch, scores, metrics
 
 
+def trained_share(in_loss: torch.Tensor, sampled: torch.Tensor) -> float:
+    """The share of sampled response tokens that enter the loss (1.0 for an empty batch)."""
+    return float(in_loss) / float(sampled) if float(sampled) else 1.0
+
+
+def untrained_reason(cfg: Config, metrics: dict[str, float]) -> str | None:
+    """Why a step with `metrics` trained on no tokens, in a line naming the setting to change;
+    None when it trained on some."""
+    if metrics.get("batch/trained_token_share", 1.0) > 0:
+        return None
+    if cfg.algo.overlong_filter and metrics.get("response/truncated_frac") == 1.0:
+        budget = (
+            f"sampler.max_new_tokens={cfg.sampler.max_new_tokens}"
+            if cfg.env.name == "none"
+            else f"env.max_tokens={cfg.env.max_tokens}"
+        )
+        return (
+            f"every response was cut off at {budget} and algo.overlong_filter=true leaves "
+            f"cut-off responses out of the loss: raise {budget.split('=')[0]} or set "
+            "algo.overlong_filter=false"
+        )
+    if errors := int(metrics.get("reward/errors", 0.0)):
+        cut = ", the others were cut off (algo.overlong_filter)" if cfg.algo.overlong_filter else ""
+        return f"{errors} response(s) had no reward{cut}; the reward's error lines say why"
+    return "no response token was left in the loss"
+
+
 def response_advantages(rollout: Rollout, advantages: torch.Tensor) -> dict:
     """{(problem id, response text): advantage} of a batch; [B, T] advantages are averaged over
     each response's tokens."""
@@ -169,7 +201,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
         prefetch_next(run)
     sampled = time.perf_counter()
 
-    lengths = rollout.lengths.float()
+    lengths = rollout.lengths.float()  # response tokens, tool turns left out
     missing = scores.isnan()
     if missing.any():
         # A response whose reward failed teaches nothing: it stays out of the loss.
@@ -227,7 +259,10 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     )
     advantages = advantages.to(run.device)
     batch = TrainBatch(rollout, scores, advantages, old_logp, ref_logp, returns, old_values)
-    responses_with_signal = (advantages.abs().reshape(len(rollout.texts), -1).amax(-1) > 0).float()
+    # A response teaches something when it has a non-zero advantage and tokens in the loss.
+    in_loss = (rollout.response_mask.sum(-1) > 0).to(advantages.device)
+    signal = advantages.abs().reshape(len(rollout.texts), -1).amax(-1) > 0
+    responses_with_signal = (signal & in_loss).float()
     scored = time.perf_counter()
 
     objective = dataclasses.replace(run.objective, beta=run.beta)
@@ -239,6 +274,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
             texts = run.rng.sample(run.ptx_texts, min(mbs, len(run.ptx_texts)))
             return algo.ptx_coef * lm_loss(run.policy, run.tokenizer, texts)
 
+    lr = run.optimizer.param_groups[0]["lr"]  # this step's first update's (the schedule's)
     with precision(), dropout_on(run.learner):
         epochs = [
             learn(run.learner, run.optimizer, objective, batch, plan, run.scheduler, ptx)
@@ -266,10 +302,11 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
         n = len(rollout.texts)
         run.beta = adaptive_kl_beta(run.beta, kl_now, algo.kl_target, n, algo.kl_horizon)
     step_metrics = {
-        "reward/mean": nanmean(scores),
-        "reward/std": scores[~missing].std().item() if (~missing).sum() > 1 else 0.0,
-        **metrics,
+        **metrics,  # reward/mean, reward/std and reward/<component>: `reward_metrics`
         "batch/response_utilisation": responses_with_signal.mean().item(),
+        # Response tokens left in the loss after failed rewards and the overlong filter; 0
+        # means the step trained on nothing (`untrained_reason` says why).
+        "batch/trained_token_share": trained_share(rollout.response_mask.sum(), lengths.sum()),
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/truncated_frac": rollout.truncated.float().mean().item(),
@@ -278,7 +315,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
         **{key: sum(m[key] for m in epochs) / len(epochs) for key in epochs[0]},
         "nonfinite/skipped_updates": sum(m["nonfinite/skipped_updates"] for m in epochs),
         "kl/beta": run.beta,
-        "actor/lr": run.scheduler.get_last_lr()[0],
+        "actor/lr": lr,
         "time/sample": sampled - start - metrics["time/reward"],
         "time/logprobs": logprobs_done - sampled,
         "time/advantages": scored - logprobs_done,

@@ -1,0 +1,103 @@
+"""How a user's reward function is called: rlcli's convention or TRL's, read from its signature.
+
+- rlcli's: `fn(prompts, responses, answers, **fields)`;
+- TRL's (`GRPOTrainer(reward_funcs=...)`): `fn(prompts, completions, **kwargs)`, with
+  `completion_ids` (each response's token ids) given when the function names it.
+
+Either returns one float per response (None: no reward for that response). In both, every field
+of the problem's record (a data file's columns: `solution`, `level`, ...) comes as a keyword
+list too, one entry per response. A function without `**kwargs` is given only the keywords it
+names. `call_plan` reads the signature with `inspect` when the worker imports the function, so
+one that fits neither convention is a config error before any model loads, and the fields it
+requires are checked against the data before training starts. Standard library only: the
+worker process imports this module.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# The keywords every call offers, besides the record's fields (a field of one of these names
+# is not passed: the call's own value wins).
+OFFERED = ("prompts", "responses", "completions", "answers", "completion_ids")
+# What a function with **kwargs is given besides the record's fields, by the name its
+# signature gives the responses; one that names neither gets both names.
+BASE = {
+    "completions": ("prompts", "completions"),  # TRL
+    "responses": ("prompts", "responses", "answers"),  # rlcli
+    None: ("prompts", "responses", "completions", "answers"),
+}
+CONVENTIONS = (
+    "rlcli's fn(prompts, responses, answers, **fields), or TRL's fn(prompts, completions, "
+    "**kwargs). In both, the record's other fields (a data file's columns, such as solution) "
+    "come as keyword lists, and completion_ids (token ids) when the function names it; it "
+    "returns one float per response (None = no reward)"
+)
+
+
+class BadSignature(Exception):
+    """The function's parameters fit neither convention; the message says why."""
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What one function is given at each call."""
+
+    named: tuple[str, ...]  # the parameters it names that a keyword can fill
+    any_keyword: bool  # it takes **kwargs: `base` and every record field too
+    base: tuple[str, ...]
+    fields: tuple[str, ...]  # parameters without a default no call offers: record fields
+
+
+def call_plan(fn: Callable, label: str) -> CallPlan:
+    """How `fn` is called, from its signature; BadSignature, naming `label` (what the user
+    wrote) and the parameters, when it fits neither convention."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a C function: no signature to read; given everything
+        return CallPlan((), True, BASE[None], ())
+    params = list(signature.parameters.values())
+    by_keyword = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    named = tuple(p.name for p in by_keyword)
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    responses = next((name for name in ("completions", "responses") if name in named), None)
+    positional = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if positional:
+        why = f"its parameter {positional[0]!r} can only be given by position"
+    elif responses is None and not any_keyword:
+        why = "it names neither completions nor responses, and takes no **kwargs"
+    else:
+        fields = tuple(p.name for p in by_keyword if p.default is p.empty and p.name not in OFFERED)
+        return CallPlan(named, any_keyword, BASE[responses], fields)
+    name = getattr(fn, "__name__", "the function")
+    raise BadSignature(
+        f"{label}: {name}{signature} cannot be called with the batch ({why}). rlcli calls a "
+        f"reward function with keywords, in one of two conventions: {CONVENTIONS}."
+    )
+
+
+def call_keywords(
+    plan: CallPlan,
+    prompts: list[str],
+    responses: list[str],
+    answers: list[str],
+    records: list[dict],
+    token_ids: Callable[[], list[list[int]]],
+) -> dict[str, list]:
+    """The keywords of one call over a batch, each a list with one entry per response.
+    `token_ids` is called only for a function that names completion_ids."""
+    fields = [k for k in dict.fromkeys(k for r in records for k in r) if k not in OFFERED]
+    wanted = [*plan.named, *(plan.base + tuple(fields) if plan.any_keyword else ())]
+    offered = {"prompts": prompts, "responses": responses, "completions": responses,
+               "answers": answers}  # fmt: skip
+    out = {}
+    for key in dict.fromkeys(wanted):
+        if key in offered:
+            out[key] = offered[key]
+        elif key == "completion_ids":
+            out[key] = token_ids()
+        elif key in fields:
+            out[key] = [r.get(key) for r in records]
+    return out
