@@ -1,4 +1,4 @@
-"""Bad inputs and faults tried on the real `rlcli train`: the README's table and its figure.
+"""Bad inputs and faults tried on the real `rlcli train`: the table of docs/reliability.md.
 
     .venv/bin/python scripts/bad_input.py              # every case: the table, then the tally
     .venv/bin/python scripts/bad_input.py --only NAME  # one case (a substring of its name)
@@ -8,7 +8,9 @@ A bad input passes when rlcli exits with code 2, prints no traceback, and its la
 wrong: its function returns None, or what went wrong. Cases run in this process through
 `rlcli.cli.main`, as the console script does (a second or two each once torch is imported);
 a case that needs a fresh environment, or a second run beside the first, starts one.
-tests/test_bad_input.py runs every case.
+A run of every case also writes the table and the tally into docs/reliability.md, between
+the page's two marker lines (`TABLE_BEGIN`, `TABLE_END`). tests/test_bad_input.py runs every
+case.
 """
 
 from __future__ import annotations
@@ -267,7 +269,7 @@ def try_bad_input(case: BadInput, tmp: Path) -> str | None:
 
 
 # Faults: each function tries one and returns None when no run was left silently wrong; its
-# docstring's first line is the fault, the rest what rlcli does (the README's table).
+# docstring's first line is the fault, the rest what rlcli does (the table's columns).
 def _metrics_steps(run_dir: Path) -> list[int]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["step"] for line in lines]
@@ -650,6 +652,21 @@ def describe_fault(fault: Callable) -> tuple[str, str]:
     return first.strip(), " ".join(rest.split())
 
 
+# The documentation page that shows the table, and the lines around the part this script owns.
+DOCS_PAGE = REPO / "docs" / "reliability.md"
+TABLE_BEGIN = "<!-- table written by scripts/bad_input.py: do not edit by hand -->"
+TABLE_END = "<!-- end of the table written by scripts/bad_input.py -->"
+
+
+def write_table(page: Path, text: str) -> None:
+    """Put `text` between the page's TABLE_BEGIN and TABLE_END lines, leaving the rest as is."""
+    before, begin, rest = page.read_text().partition(TABLE_BEGIN + "\n")
+    _, end, after = rest.partition(TABLE_END)
+    if not (begin and end):
+        raise SystemExit(f"{page} has no table region: add the lines {TABLE_BEGIN} and {TABLE_END}")
+    page.write_text(f"{before}{TABLE_BEGIN}\n{text}\n{TABLE_END}{after}")
+
+
 def main_(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="run the cases whose name holds this")
@@ -676,10 +693,13 @@ def main_(argv: list[str] | None = None) -> int:
         rows.append(f"| fault | {what} | {does} | {'ok' if problem is None else 'FAILED'} |")
         if problem:
             print(f"{fault.__name__}: {problem}", file=sys.stderr)
-    print("| kind | case | what rlcli does | result |\n|---|---|---|---|")
-    print("\n".join(rows))
-    print(f"\n{len(bad)} bad inputs, {clean} clean errors, {tracebacks} tracebacks; "
-          f"{len(faults)} faults, {silent} runs silently wrong")  # fmt: skip
+    table = "\n".join(["| kind | case | what rlcli does | result |", "|---|---|---|---|", *rows])
+    tally = (f"{len(bad)} bad inputs, {clean} clean errors, {tracebacks} tracebacks; "
+             f"{len(faults)} faults, {silent} runs silently wrong")  # fmt: skip
+    print(f"{table}\n\n{tally}")
+    if not args.only:  # the whole table: the page shows it
+        write_table(DOCS_PAGE, f"**{tally}**\n\n{table}")
+        print(f"written into {DOCS_PAGE.relative_to(REPO)}")
     return 0 if clean == len(bad) and silent == 0 else 1
 
 

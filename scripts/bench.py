@@ -40,7 +40,7 @@ from rlcli.validate import compose
 
 PHASES = ["sample", "reward", "logprobs", "advantages", "learn", "sync", "rollout_wait", "step"]
 
-# Where sampling runs (README, "Scaling out"): the engine in the learner's process, one vLLM
+# Where sampling runs (docs/scaling.md): the engine in the learner's process, one vLLM
 # worker process, or that worker generating the next batch while the learner trains.
 SHAPES = {
     "colocated": ["sampler=vllm"],

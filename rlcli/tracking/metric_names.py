@@ -155,7 +155,7 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
         Metric("eval/accuracy", "Share of held-out problems whose greedy reply is correct "
                "(reward above eval.correct_above).", "trainer.eval_every > 0"),
         Metric("eval/pass@<k>", "pass@k from eval.k samples per problem, k = 1, 2, 4, ..., "
-               "eval.k.", "trainer.eval_every > 0"),
+               "eval.k (in MLflow eval/pass_at_<k>: it refuses '@').", "trainer.eval_every > 0"),
         Metric("eval/tool_call_rate", "Share of greedy held-out episodes that called a tool.",
                "trainer.eval_every > 0, env=..."),
         Metric("eval/loss", "DPO loss on the held-out pairs, after the last step.", DPO),
