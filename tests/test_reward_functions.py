@@ -124,6 +124,15 @@ def test_a_parameter_no_record_fills_is_named_before_training(rewards_file):
         s.check_records(problems, "jsonl")
 
 
+def test_the_countdown_rule_names_the_record_fields_it_lacks():
+    cfg = compose(["sampler=hf", "reward=countdown"])
+    s = Scorer(cfg.reward, cfg.sampler.max_new_tokens, torch.device("cpu"), "float32")
+    problems = [Problem("p0", "q", "4", {"problem": "q", "solution": "4"})]
+    with pytest.raises(ConfigError, match="'countdown' needs records.*data=jsonl has no 'numbers'"):
+        s.check_records(problems, "jsonl")
+    s.check_records([Problem("p0", "q", "4", {"numbers": [1, 3], "target": 4})], "countdown")
+
+
 def test_the_bad_signature_stops_the_run_before_the_model_loads(rewards_file, tmp_path):
     # The model path does not exist: loading it would be the error, were the reward not first.
     reward = ["reward=python", f"reward.function={rewards_file}:takes_text"]

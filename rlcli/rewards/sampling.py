@@ -16,7 +16,7 @@ from rlcli.config import Config
 from rlcli.data.problems import Problem, fit_prompts, render_prompt
 from rlcli.env import response_budget
 from rlcli.rewards.models import step_reward_tensors
-from rlcli.rewards.scorer import Sample, Scorer, Scores, check_reward_fields
+from rlcli.rewards.scorer import Sample, Scorer, Scores
 from rlcli.rollout.batch import Rollout
 from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
 from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
@@ -102,7 +102,6 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     without training it (`rlcli filter`, `pairs`, `eval`); the reward is checked first."""
     t = cfg.trainer
     device = pick_device(t.device)
-    check_reward_fields(cfg, problems)
     scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
     scorer.check_records(problems, cfg.data.name)
     model_path = resolve_model_path(cfg.model, t.seed)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlcli.config import Config, ConfigError, RewardConfig
+from rlcli.config import ConfigError, RewardConfig
 from rlcli.data.problems import Problem
 from rlcli.ops.policy_loss import overlong_penalty
 from rlcli.rewards.components import component_names, function_name, function_specs
@@ -242,10 +242,18 @@ class Scorer:
         return torch.tensor(scores)
 
     def check_records(self, problems: list[Problem], data_name: str) -> None:
-        """ConfigError when a function of reward.function has a parameter without a default
-        that neither convention fills and the records of `problems` have no field of its name
-        (checked on the first record, before the models load)."""
+        """ConfigError when the records of `problems` lack a field a component reads: the
+        countdown rule's numbers and target, or a parameter of a function of reward.function
+        without a default that neither convention fills (checked on the first record, before
+        the policy loads)."""
         record = problems[0].record if problems else {}
+        if "countdown" in self.names and (
+            missing := [k for k in ("numbers", "target") if k not in record]
+        ):
+            raise ConfigError(
+                f"reward component 'countdown' needs records with fields numbers and target; "
+                f"data={data_name} has no {missing[0]!r}. Use data=countdown."
+            )
         for worker in self.workers.values():
             missing = [name for name in worker.plan.fields if name not in record]
             if missing:
@@ -283,14 +291,3 @@ def function_keywords(plan: CallPlan, samples: list[Sample]) -> dict[str, list]:
         records=[s.record for s in samples],
         token_ids=lambda: [[] if s.token_ids is None else s.token_ids.tolist() for s in samples],
     )
-
-
-def check_reward_fields(cfg: Config, problems: list[Problem]) -> None:
-    """The countdown reward reads `numbers` and `target` from each record: check they exist."""
-    if "countdown" in cfg.reward.components:
-        missing = [k for k in ("numbers", "target") if k not in problems[0].record]
-        if missing:
-            raise ConfigError(
-                f"reward component 'countdown' needs records with fields numbers and target; "
-                f"data={cfg.data.name} has no {missing[0]!r}. Use data=countdown."
-            )

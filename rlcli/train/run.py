@@ -22,7 +22,7 @@ from rlcli.data.records import read_texts
 from rlcli.env import response_budget
 from rlcli.ops.advantages import SasTracker
 from rlcli.ops.objective import Objective
-from rlcli.rewards.scorer import Scorer, check_reward_fields
+from rlcli.rewards.scorer import Scorer
 from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
 from rlcli.runtime import distributed
 from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
@@ -91,7 +91,6 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     # Data and reward first: a bad data file or reward function should fail before minutes
     # of model loading.
     train_set, test_set = load_splits(cfg.data)
-    check_reward_fields(cfg, train_set)
     if t.eval_every and not test_set and distributed.is_main():
         # Said once here; the loop then skips every evaluation (no held-out problems).
         print(
@@ -101,7 +100,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         )
     ptx_texts = read_texts(algo.ptx_path) if algo.ptx_coef > 0 else []
     scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
-    scorer.check_records(train_set, cfg.data.name)  # fields a reward function's parameters name
+    scorer.check_records(train_set, cfg.data.name)  # the record fields the rewards read
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
     train_set = fit_prompts(cfg, tokenizer, train_set, "training")
