@@ -5,6 +5,7 @@ memory of TRL's GRPOTrainer on rlcli's setup (SmolLM2-135M in fp32, the arithmet
     pip install trl                          # not an rlcli dependency; only this script uses it
     .venv/bin/python scripts/bench_trl.py --steps 3
     .venv/bin/python scripts/bench_trl.py --steps 3 --bf16   # bfloat16 autocast, as rlcli
+    .venv/bin/python scripts/bench_trl.py --bf16 --prompts 16 --max-new-tokens 256  # bigger
 
 TRL samples with transformers' generate here (no vLLM server on this CPU machine). The first
 step is run but not counted, as in scripts/bench.py.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import tempfile
 import time
 
@@ -30,6 +32,12 @@ from rlcli.validate import compose
 class StepTimer(TrainerCallback):
     def __init__(self):
         self.starts, self.seconds = [], []
+        self.tokens = self.logged = 0  # completion tokens over the counted steps' logs
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "completions/mean_length" in logs and state.global_step > 1:
+            self.tokens += float(logs["completions/mean_length"]) * args.per_device_train_batch_size
+            self.logged += 1
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.starts.append(time.perf_counter())
@@ -44,10 +52,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="steps counted")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (rlcli's default)")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step (4 samples each)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="response cap")
     args = parser.parse_args()
-    cfg = compose(["logger.progress=false"])
+    cap = [] if args.max_new_tokens is None else [f"sampler.max_new_tokens={args.max_new_tokens}"]
+    cfg = compose(["logger.progress=false", *cap])
     train, _ = load_splits(cfg.data)
-    prompts = 4
+    prompts = args.prompts
     rows = train[: prompts * (args.steps + 1)]
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": p.question}], "answer": p.answer} for p in rows]
@@ -90,6 +101,8 @@ def main() -> None:
             {
                 "steps": len(counted),
                 "seconds/step": round(sum(counted) / len(counted), 2),
+                "step_median_s": round(statistics.median(counted), 2),
+                "completion_tokens_per_step": round(timer.tokens / max(timer.logged, 1), 1),
                 "step_seconds": [round(s, 2) for s in counted],
                 "peak_memory_gib": round(
                     resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2

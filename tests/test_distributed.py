@@ -17,8 +17,8 @@ from rlcli.train.learner import (
     UpdatePlan,
     learn,
     objective_from_config,
-    plan_micro_batches,
 )
+from rlcli.train.passes import plan_micro_batches
 from rlcli.validate import section
 
 sys.path.insert(0, str(Path(__file__).parent))

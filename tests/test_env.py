@@ -462,7 +462,7 @@ def test_gae_steps_over_tool_turns_as_if_they_were_not_there():
 
 def test_micro_batches_keep_the_tool_turns_inside_a_response():
     from rlcli.rollout.batch import rollout_from_tokens
-    from rlcli.train.learner import micro_batches
+    from rlcli.train.passes import micro_batches
 
     batch = rollout_from_tokens(
         [[5, 6], [7]], [[1, 2, 3, 4, 5], [8, 9]], ["a", "b"], ["0", "1"], 0, "cpu",

@@ -186,3 +186,68 @@ def test_fused_adamw_makes_the_multi_tensor_kernels_updates(run):
     start = torch.cat([p.detach().flatten() for p in run.policy.parameters()])
     assert (weights[0] - start).abs().max() > 1e-3  # three steps of lr 1e-3 moved them
     torch.testing.assert_close(weights[0], weights[1], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_shared_prompts_give_the_padded_layouts_logprobs_and_gradients(run, batch, attention):
+    # A group's prompt read once, its responses after it under a mask that hides siblings
+    # from each other (train.passes), against one padded row per response: the same
+    # log-probs, loss and gradients in float32, with prompts of three lengths, responses cut
+    # to different lengths, and the batch in one pass or in passes of at most 5 responses.
+    from rlcli.runtime.models import load_causal_lm
+
+    full = batch  # every response runs to the length limit
+    keep = torch.arange(batch.response_mask.shape[1]) < 4 * torch.arange(1, 13)[:, None]
+    batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
+    torch.manual_seed(0)
+    advantages = torch.randn(len(batch.texts))
+    algo = copy.deepcopy(run.cfg.algo)
+    algo.beta, algo.entropy_coef = 0.0, 0.01
+    objective = objective_from_config(algo, run.cfg.sampler, norm_len=16)
+    train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, None, None)
+    policy = load_causal_lm(run.model_path, "float32", torch.device("cpu"))
+    policy.set_attn_implementation(attention)
+    padded = batch_logprobs(policy, batch, 12, share_prompts=False)
+    results = []
+    for share, micro in ((False, 12), (True, 12), (True, 5)):
+        shared = batch_logprobs(policy, batch, micro, share_prompts=share)
+        in_loss = batch.response_mask.bool()
+        torch.testing.assert_close(shared[in_loss], padded[in_loss], rtol=1e-5, atol=1e-5)
+        model = copy.deepcopy(policy)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps .grad, moves nothing
+        plan = UpdatePlan(1, micro, max_grad_norm=0.0, share_prompts=share)
+        metrics = learn(model, optimizer, objective, train_batch, plan)
+        grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((metrics, grad))
+    (want, want_grad), *others = results
+    assert want_grad.abs().sum() > 0
+    for metrics, grad in others:
+        assert metrics["loss/policy"] == pytest.approx(want["loss/policy"], rel=1e-5, abs=1e-7)
+        assert metrics["actor/entropy"] == pytest.approx(want["actor/entropy"], rel=1e-5)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-4, atol=1e-7)
+    # The shared layout reads each of the 3 prompts once instead of 4 times.
+    from rlcli.train.passes import passes
+
+    rows = torch.arange(len(full.texts))
+    prompt_tokens = int(full.attention_mask[:, : full.prompt_width].sum())
+    read = {
+        share: sum(
+            p.real_tokens for _, p, _ in passes(full, rows, 12, 0, attention if share else None)
+        )
+        for share in (False, True)
+    }
+    assert read[False] - read[True] == prompt_tokens * 3 // 4
+
+
+def test_shared_rows_group_by_prompt_and_respect_the_row_budget():
+    from rlcli.train.passes import plan_shared_passes, plan_shared_rows
+
+    prompts = [(1, 2), (3, 4, 5), (1, 2), (3, 4, 5), (1, 2)]
+    lengths = [6, 2, 4, 9, 5]
+    # Each prompt's responses in one row, shortest first.
+    assert plan_shared_rows(prompts, lengths, row_tokens=100) == [[2, 4, 0], [1, 3]]
+    # A row of prompt (2) + 4 + 5 is full at 11 tokens: the response of length 6 starts a new one.
+    assert plan_shared_rows(prompts, lengths, row_tokens=11) == [[2, 4], [0], [1], [3]]
+    # Passes: rows sorted by length, at most 3 responses or 24 padded tokens each.
+    assert plan_shared_passes([17, 14, 8], [3, 2, 1], 3, 0) == [[2, 1], [0]]
+    assert plan_shared_passes([17, 14, 8], [3, 2, 1], 9, 24) == [[2], [1], [0]]

@@ -207,6 +207,7 @@ class TrainerConfig:
     epochs: int = MISSING
     micro_batch_size: int = MISSING
     max_tokens_per_micro_batch: int = MISSING
+    share_prompts: bool = MISSING
     bf16_autocast: bool = MISSING
     lr: float = MISSING
     weight_decay: float = MISSING

@@ -24,6 +24,7 @@ from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATI
 from rlcli.rollout.batch import Rollout
 from rlcli.runtime import distributed
 from rlcli.train.batch import TrainBatch
+from rlcli.train.passes import Pass, micro_batches, passes
 from rlcli.train.pieces import loss_piece
 
 
@@ -35,6 +36,7 @@ class UpdatePlan:
     micro_batch_size: int  # most rows per forward/backward pass
     max_tokens: int = 0  # most padded tokens per pass (0 = only micro_batch_size limits it)
     max_grad_norm: float = 1.0  # clip the global gradient norm (0 = no clipping)
+    share_prompts: bool = True  # a group's prompt read once per pass (`passes`)
 
 
 def objective_from_config(algo: AlgoConfig, sampler: SamplerConfig, norm_len: int) -> Objective:
@@ -73,23 +75,31 @@ class TokenLogprobModel(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, attention_mask, prompt_width, with_entropy=False, temperature=1.0):
-        logp, entropy = lm_token_logprobs(
-            self.lm, input_ids, attention_mask, prompt_width, with_entropy, temperature
-        )
+    def forward(self, inputs: Pass, with_entropy=False, temperature=1.0):
+        logp, entropy = lm_token_logprobs(self.lm, inputs, with_entropy, temperature)
         # Fresh tensors, not views: FSDP2 hooks the root's outputs for its backward.
         return logp.clone(), None if entropy is None else entropy.clone()
+
+
+def pass_logprobs(model, inputs: Pass, with_entropy=False, temperature=1.0):
+    """`lm_token_logprobs` of a causal LM, or of the LM inside a `TokenLogprobModel`."""
+    if isinstance(model, TokenLogprobModel):
+        return model(inputs, with_entropy, temperature)
+    return lm_token_logprobs(model, inputs, with_entropy, temperature)
 
 
 def token_logprobs(
     model, input_ids, attention_mask, prompt_width, with_entropy=False, temperature=1.0
 ):
-    """`lm_token_logprobs` of a causal LM, or of the LM inside a `TokenLogprobModel`."""
-    if isinstance(model, TokenLogprobModel):
-        return model(input_ids, attention_mask, prompt_width, with_entropy, temperature)
-    return lm_token_logprobs(
-        model, input_ids, attention_mask, prompt_width, with_entropy, temperature
-    )
+    """`pass_logprobs` of rows in the padded layout (prompts left-padded to `prompt_width`)."""
+    inputs = Pass.padded(input_ids, attention_mask, prompt_width)
+    return pass_logprobs(model, inputs, with_entropy, temperature)
+
+
+def attention_of(model) -> str | None:
+    """The attention implementation transformers runs `model` (or the LM it wraps) with."""
+    lm = model.lm if isinstance(model, TokenLogprobModel) else model
+    return getattr(lm.config, "_attn_implementation", None)
 
 
 # Config fields of heads that are more than `hidden @ weight.T + bias` (Gemma's soft-capping,
@@ -97,115 +107,41 @@ def token_logprobs(
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def lm_token_logprobs(
-    lm, input_ids, attention_mask, prompt_width, with_entropy=False, temperature=1.0
-):
-    """Log-prob of each response token under `lm`, and the entropy of each prediction.
+def lm_token_logprobs(lm, inputs: Pass, with_entropy=False, temperature=1.0):
+    """Log-prob of each response token of the pass under `lm`, and each prediction's entropy.
 
     Logits are divided by the sampling temperature, so log-probs are those of the
     distribution the sampler drew from. The body runs once; the LM head is applied to the
-    response positions only, a chunk of tokens at a time (`ops.logprobs`), so the
-    [tokens, vocabulary] logits of the whole micro-batch never exist at once. Position ids
-    follow the attention mask so left padding does not shift positions (as in generate()).
-    Returns ([B, T], [B, T] or None).
+    predicting positions only, a chunk of tokens at a time (`ops.logprobs`), so the
+    [tokens, vocabulary] logits of the whole pass never exist at once.
+    Returns ([b, t], [b, t] or None).
     """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    tokens = input_ids[:, prompt_width:]  # [B, T]
+    body = {
+        "input_ids": inputs.input_ids,
+        "attention_mask": inputs.attention_mask,
+        "position_ids": inputs.position_ids,
+        "use_cache": False,
+    }
     head = lm.get_output_embeddings()
     if not isinstance(head, nn.Linear) or any(
         getattr(lm.config, name, None) for name in _LOGIT_TRANSFORMS
     ):
-        logits = lm(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            logits_to_keep=tokens.shape[1] + 1,
-            use_cache=False,
-        ).logits[:, :-1]  # [B, T, V]: position t predicts response token t
-        logp, entropy = plain_logprob_entropy(logits, tokens, temperature)
+        keep = torch.unique(inputs.cols)  # sorted columns that predict a response token
+        logits = lm(**body, logits_to_keep=keep).logits  # [R, K, V]
+        logits = logits[inputs.rows, torch.searchsorted(keep, inputs.cols)]  # [b, t, V]
+        logp, entropy = plain_logprob_entropy(logits, inputs.tokens, temperature)
         return logp, entropy if with_entropy else None
-    hidden = lm.base_model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-    ).last_hidden_state[:, prompt_width - 1 : -1]  # [B, T, H]
+    hidden = lm.base_model(**body).last_hidden_state[inputs.rows, inputs.cols]  # [b, t, H]
     logp, entropy = chunked_logprob_entropy(
         hidden.reshape(-1, hidden.shape[-1]),
         head.weight,
-        tokens.reshape(-1),
+        inputs.tokens.reshape(-1),
         head.bias,
         temperature,
         with_entropy=with_entropy,
     )
+    tokens = inputs.tokens
     return logp.view_as(tokens), entropy.view_as(tokens) if with_entropy else None
-
-
-def plan_micro_batches(
-    prompt_lengths: list[int], response_lengths: list[int], max_rows: int, max_tokens: int
-) -> list[list[int]]:
-    """Positions into the length lists, grouped into micro-batches.
-
-    Rows are sorted by (response, prompt) length, so each micro-batch holds rows of similar
-    length; a micro-batch takes at most `max_rows` rows and, padded to its longest prompt and
-    response, at most `max_tokens` tokens (0 = no token limit; a single longer row goes alone).
-    """
-    order = sorted(
-        range(len(prompt_lengths)), key=lambda i: (response_lengths[i], prompt_lengths[i])
-    )
-    plan: list[list[int]] = []
-    current: list[int] = []
-    widest_prompt = widest_response = 0
-    for i in order:
-        prompt = max(widest_prompt, prompt_lengths[i])
-        response = max(widest_response, response_lengths[i], 1)
-        too_many = len(current) == max_rows
-        too_long = max_tokens > 0 and (len(current) + 1) * (prompt + response) > max_tokens
-        if current and (too_many or too_long):
-            plan.append(current)
-            current, prompt, response = [], prompt_lengths[i], max(response_lengths[i], 1)
-        current.append(i)
-        widest_prompt, widest_response = prompt, response
-    if current:
-        plan.append(current)
-    return plan
-
-
-def response_spans(response_mask: Tensor) -> Tensor:
-    """Columns up to each row's last trained token: its length, and with tools the tool turns
-    inside it too (context the learner must read, though it does not train on them).  # [B]"""
-    positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
-    return (response_mask.long() * positions).amax(-1)
-
-
-def micro_batches(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0):
-    """Yield (rows, input_ids, attention_mask, prompt_width, response_mask) trimmed of padding,
-    `rows` split by `plan_micro_batches`.
-
-    Under torchrun every rank must run as many forward passes as the others (each one gathers
-    the sharded weights): a rank with fewer micro-batches adds passes over one of its rows with
-    an all-zero response mask, which add nothing to the loss or the diagnostics.
-    """
-    prompt_lengths = batch.attention_mask[rows, : batch.prompt_width].sum(-1).tolist()
-    response_lengths = response_spans(batch.response_mask[rows]).tolist()
-    plan = plan_micro_batches(prompt_lengths, response_lengths, size, max_tokens)
-    parts = [(rows[positions], True) for positions in plan]
-    spare = rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
-    parts += [(spare, False)] * (distributed.all_max(len(plan)) - len(plan))
-    for idx, counts in parts:
-        att = batch.attention_mask[idx]
-        mask = batch.response_mask[idx] if counts else torch.zeros_like(batch.response_mask[idx])
-        # Drop columns that are padding in every row of this micro-batch.
-        left = int((att[:, : batch.prompt_width].sum(0) == 0).long().cumprod(0).sum())
-        width = max(int(response_spans(batch.response_mask[idx]).max()), 1)
-        end = batch.prompt_width + width
-        yield (
-            idx,
-            batch.input_ids[idx, left:end],
-            att[:, left:end],
-            batch.prompt_width - left,
-            mask[:, :width],
-        )
 
 
 @torch.no_grad()
@@ -218,16 +154,23 @@ def per_token_over_batch(fn, batch: Rollout, size: int, max_tokens: int = 0) -> 
     return out
 
 
+@torch.no_grad()
 def batch_logprobs(
-    model, batch: Rollout, size: int, temperature: float = 1.0, max_tokens: int = 0
+    model,
+    batch: Rollout,
+    size: int,
+    temperature: float = 1.0,
+    max_tokens: int = 0,
+    share_prompts: bool = True,
 ) -> Tensor:
     """Log-probs of every response token under `model` (reference or old policy). [B, T]"""
-    return per_token_over_batch(
-        lambda ids, att, width: token_logprobs(model, ids, att, width, False, temperature)[0],
-        batch,
-        size,
-        max_tokens,
-    )
+    out = torch.zeros(batch.response_mask.shape, device=batch.input_ids.device)
+    rows = torch.arange(len(batch.texts), device=batch.input_ids.device)
+    attention = attention_of(model) if share_prompts else None
+    for idx, inputs, mask in passes(batch, rows, size, max_tokens, attention):
+        t = mask.shape[1]
+        out[idx, :t] = pass_logprobs(model, inputs, False, temperature)[0][:, :t].float()
+    return out
 
 
 def learn(
@@ -254,6 +197,7 @@ def learn(
     totals: dict[str, float] = {}
     losses, grad_norms, skipped = [], [], 0
     padded = real = 0  # tokens the passes ran over, and those of them that are not padding
+    attention = attention_of(model) if plan.share_prompts else None
     for mini in torch.arange(n, device=device).tensor_split(plan.mini_batches):
         if len(mini) == 0 and distributed.world_size() == 1:
             continue  # fewer responses than mini-batches; other ranks may still have some
@@ -268,11 +212,13 @@ def learn(
         chosen = (
             minibatch_choices(model, obj, batch, mini, plan) if obj.needs_minibatch_stats else {}
         )
-        parts = micro_batches(rollout, mini, plan.micro_batch_size, plan.max_tokens)
-        for idx, ids, att, width, mask in parts:
+        for idx, inputs, mask in passes(
+            rollout, mini, plan.micro_batch_size, plan.max_tokens, attention
+        ):
             t = mask.shape[1]
-            padded, real = padded + ids.numel(), real + int(att.sum())
-            logp, entropy = token_logprobs(model, ids, att, width, True, obj.temperature)
+            padded, real = padded + inputs.input_ids.numel(), real + inputs.real_tokens
+            logp, entropy = pass_logprobs(model, inputs, True, obj.temperature)
+            logp, entropy = logp[:, :t], entropy[:, :t]
             old = logp.detach() if batch.old_logp is None else batch.old_logp[idx, :t]
             ref = None if batch.ref_logp is None else batch.ref_logp[idx, :t]
             sampler_logp = rollout.sampler_logp
@@ -341,12 +287,13 @@ def minibatch_choices(model, obj: Objective, batch: TrainBatch, mini: Tensor, pl
     rollout = batch.rollout
     logp = torch.zeros(rollout.response_mask.shape, device=rollout.input_ids.device)
     entropy = torch.zeros_like(logp)
-    for idx, ids, att, width, mask in micro_batches(
-        rollout, mini, plan.micro_batch_size, plan.max_tokens
+    attention = attention_of(model) if plan.share_prompts else None
+    for idx, inputs, mask in passes(
+        rollout, mini, plan.micro_batch_size, plan.max_tokens, attention
     ):
         t = mask.shape[1]
-        lp, ent = token_logprobs(model, ids, att, width, True, obj.temperature)
-        logp[idx, :t], entropy[idx, :t] = lp.float(), ent.float()
+        lp, ent = pass_logprobs(model, inputs, True, obj.temperature)
+        logp[idx, :t], entropy[idx, :t] = lp[:, :t].float(), ent[:, :t].float()
     mask = rollout.response_mask[mini].to(logp.dtype)
     adv = batch.advantages[mini]
     adv = (adv[:, None] if adv.dim() == 1 else adv).expand_as(mask)

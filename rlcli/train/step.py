@@ -212,7 +212,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
         keep = (~rollout.truncated).to(rollout.response_mask)[:, None]
         rollout = dataclasses.replace(rollout, response_mask=rollout.response_mask * keep)
 
-    mbs, tokens = t.micro_batch_size, t.max_tokens_per_micro_batch
+    mbs, tokens, share = t.micro_batch_size, t.max_tokens_per_micro_batch, t.share_prompts
     temp = run.cfg.sampler.temperature
     # bfloat16 autocast where the learner computes in it (a fresh context for each use).
     precision = functools.partial(autocast, run.device, run.compute_dtype)
@@ -220,14 +220,16 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     if run.reference is not None:
         # A LoRA run's reference is the policy itself, its adapters off for this pass.
         with precision(), adapters_off(run.reference):
-            ref_logp = batch_logprobs(run.reference, rollout, mbs, temp, tokens)
+            ref_logp = batch_logprobs(run.reference, rollout, mbs, temp, tokens, share)
     # With one update per batch the sampling policy is the current one, so its log-probs
     # equal the learner's own (detached); they are stored up front only when several updates
     # follow or the KL goes into the reward.
     kl_in_reward = algo.kl_in == "reward" and ref_logp is not None
     need_old = t.mini_batches * t.epochs > 1 or kl_in_reward or run.critic is not None
     with precision():
-        old_logp = batch_logprobs(run.learner, rollout, mbs, temp, tokens) if need_old else None
+        old_logp = (
+            batch_logprobs(run.learner, rollout, mbs, temp, tokens, share) if need_old else None
+        )
     # The KL-in-reward penalty (PPO), beta * k1 per response token, made here for every
     # estimator; the estimators read it as a sequence or a per-token reward.
     kl_penalty = torch.zeros(rollout.response_mask.shape, device=run.device)
@@ -266,7 +268,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     scored = time.perf_counter()
 
     objective = dataclasses.replace(run.objective, beta=run.beta)
-    plan = UpdatePlan(t.mini_batches, mbs, tokens, t.max_grad_norm)
+    plan = UpdatePlan(t.mini_batches, mbs, tokens, t.max_grad_norm, share)
     ptx = None
     if algo.ptx_coef > 0:
 

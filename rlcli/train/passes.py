@@ -1,0 +1,259 @@
+"""The learner's forward passes: which responses go through the model together, and how.
+
+A `Pass` is one forward pass's input rows and, for each response token, the position whose
+output predicts it. Two layouts:
+
+- padded (`micro_batches`): a row per response, its prompt left-padded and its response
+  right-padded to the micro-batch's widest (the `Rollout`'s own layout, trimmed);
+- shared prompts (`shared_prompt_passes`): a row per group, its prompt once and then each of
+  the group's responses, under an attention mask in which every response sees the prompt and
+  its own earlier tokens, not its siblings. A group of G responses to a P-token prompt reads
+  P + sum(lengths) tokens instead of G x P + sum(lengths): on the default GRPO batch (4 x 4,
+  prompts of ~46 tokens, responses <= 48) about a third fewer (docs/performance.md). The
+  prompt's outputs are then computed once and receive the gradients of all G responses, which
+  is the sum the padded layout computes G times over (the same value up to rounding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlcli.rollout.batch import Rollout
+from rlcli.runtime import distributed
+
+# A shared-prompt row grows only to this many tokens (unless one response alone is longer):
+# the attention of a row costs its length squared, most of it masked between siblings.
+ROW_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Input of one forward pass, and where each of its b responses' t tokens is predicted."""
+
+    input_ids: Tensor  # [R, L]
+    # [R, L] 1 on real tokens (padded layout), or [R, 1, L, L] which positions each position
+    # attends to (shared prompts): bool for sdpa, additive float (0 or very negative) for eager
+    attention_mask: Tensor
+    position_ids: Tensor  # [R, L]
+    rows: Tensor  # [b, t] row of the position whose output predicts each response token
+    cols: Tensor  # [b, t] ... and its column
+    tokens: Tensor  # [b, t] the response tokens (padding beyond a response is never trained)
+    real_tokens: int  # tokens of the pass that are not padding
+
+    @staticmethod
+    def padded(input_ids: Tensor, attention_mask: Tensor, prompt_width: int) -> Pass:
+        """The padded layout: left-padded prompts of width `prompt_width`, then responses.
+        Position ids follow the attention mask, so left padding does not shift positions."""
+        b, width = input_ids.shape
+        t = width - prompt_width
+        cols = torch.arange(prompt_width - 1, width - 1, device=input_ids.device)
+        return Pass(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+            rows=torch.arange(b, device=input_ids.device)[:, None].expand(b, t),
+            cols=cols[None, :].expand(b, t),
+            tokens=input_ids[:, prompt_width:],
+            real_tokens=int(attention_mask.sum()),
+        )
+
+
+def plan_micro_batches(
+    prompt_lengths: list[int], response_lengths: list[int], max_rows: int, max_tokens: int
+) -> list[list[int]]:
+    """Positions into the length lists, grouped into micro-batches.
+
+    Rows are sorted by (response, prompt) length, so each micro-batch holds rows of similar
+    length; a micro-batch takes at most `max_rows` rows and, padded to its longest prompt and
+    response, at most `max_tokens` tokens (0 = no token limit; a single longer row goes alone).
+    """
+    order = sorted(
+        range(len(prompt_lengths)), key=lambda i: (response_lengths[i], prompt_lengths[i])
+    )
+    plan: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_response = 0
+    for i in order:
+        prompt = max(widest_prompt, prompt_lengths[i])
+        response = max(widest_response, response_lengths[i], 1)
+        too_many = len(current) == max_rows
+        too_long = max_tokens > 0 and (len(current) + 1) * (prompt + response) > max_tokens
+        if current and (too_many or too_long):
+            plan.append(current)
+            current, prompt, response = [], prompt_lengths[i], max(response_lengths[i], 1)
+        current.append(i)
+        widest_prompt, widest_response = prompt, response
+    if current:
+        plan.append(current)
+    return plan
+
+
+def response_spans(response_mask: Tensor) -> Tensor:
+    """Columns up to each row's last trained token: its length, and with tools the tool turns
+    inside it too (context the learner must read, though it does not train on them).  # [B]"""
+    positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return (response_mask.long() * positions).amax(-1)
+
+
+def micro_batches(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0):
+    """Yield (rows, input_ids, attention_mask, prompt_width, response_mask) trimmed of padding,
+    `rows` split by `plan_micro_batches`.
+
+    Under torchrun every rank must run as many forward passes as the others (each one gathers
+    the sharded weights): a rank with fewer micro-batches adds passes over one of its rows with
+    an all-zero response mask, which add nothing to the loss or the diagnostics.
+    """
+    prompt_lengths = batch.attention_mask[rows, : batch.prompt_width].sum(-1).tolist()
+    response_lengths = response_spans(batch.response_mask[rows]).tolist()
+    plan = plan_micro_batches(prompt_lengths, response_lengths, size, max_tokens)
+    parts = [(rows[positions], True) for positions in plan]
+    spare = rows[:1] if len(rows) else torch.zeros(1, dtype=torch.long, device=rows.device)
+    parts += [(spare, False)] * (distributed.all_max(len(plan)) - len(plan))
+    for idx, counts in parts:
+        att = batch.attention_mask[idx]
+        mask = batch.response_mask[idx] if counts else torch.zeros_like(batch.response_mask[idx])
+        # Drop columns that are padding in every row of this micro-batch.
+        left = int((att[:, : batch.prompt_width].sum(0) == 0).long().cumprod(0).sum())
+        width = max(int(response_spans(batch.response_mask[idx]).max()), 1)
+        end = batch.prompt_width + width
+        yield (
+            idx,
+            batch.input_ids[idx, left:end],
+            att[:, left:end],
+            batch.prompt_width - left,
+            mask[:, :width],
+        )
+
+
+def plan_shared_rows(
+    prompts: list[tuple[int, ...]], response_lengths: list[int], row_tokens: int = ROW_TOKENS
+) -> list[list[int]]:
+    """Positions into the lists, grouped into rows of responses to the same prompt (the same
+    token ids): each row the prompt, then its responses shortest first while the row stays
+    within `row_tokens` (a row always takes at least one)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(prompt, []).append(i)
+    rows = []
+    for prompt, members in groups.items():
+        row, length = [], len(prompt)
+        for i in sorted(members, key=lambda i: response_lengths[i]):
+            if row and length + response_lengths[i] > row_tokens:
+                rows.append(row)
+                row, length = [], len(prompt)
+            row.append(i)
+            length += response_lengths[i]
+        rows.append(row)
+    return rows
+
+
+def plan_shared_passes(
+    row_lengths: list[int], row_sizes: list[int], max_responses: int, max_tokens: int
+) -> list[list[int]]:
+    """Positions into the row lists, grouped into passes: rows sorted by length, a pass taking
+    at most `max_responses` responses and, padded to its longest row, `max_tokens` tokens
+    (0 = no token limit; a row alone may exceed either)."""
+    plan: list[list[int]] = []
+    current: list[int] = []
+    widest = responses = 0
+    for r in sorted(range(len(row_lengths)), key=lambda r: row_lengths[r]):
+        width = max(widest, row_lengths[r])
+        too_many = responses + row_sizes[r] > max_responses
+        too_long = max_tokens > 0 and (len(current) + 1) * width > max_tokens
+        if current and (too_many or too_long):
+            plan.append(current)
+            current, width, responses = [], row_lengths[r], 0
+        current.append(r)
+        widest, responses = width, responses + row_sizes[r]
+    if current:
+        plan.append(current)
+    return plan
+
+
+def shared_prompt_pass(batch: Rollout, rows: list[list[int]], spans: list[int], eager: bool):
+    """The pass over `rows` (lists of response positions in `batch`, each list sharing a prompt;
+    `spans[i]` the columns of response i the pass reads). Returns (the responses' positions in
+    pass order [b], the Pass, their response mask [b, t])."""
+    width, device = batch.prompt_width, batch.input_ids.device
+    prompts = [batch.input_ids[row[0], :width][batch.attention_mask[row[0], :width].bool()]
+               for row in rows]  # fmt: skip
+    length = max(len(p) + sum(spans[i] for i in row) for p, row in zip(prompts, rows, strict=True))
+    order = [i for row in rows for i in row]
+    t = max(1, max(spans[i] for i in order))
+    ids = torch.zeros(len(rows), length, dtype=torch.long, device=device)
+    positions = torch.zeros_like(ids)
+    segment = torch.full_like(ids, -1)  # 0 prompt, k the row's k-th response, -1 padding
+    pred_rows = torch.zeros(len(order), t, dtype=torch.long, device=device)
+    pred_cols = torch.zeros_like(pred_rows)
+    tokens = torch.zeros_like(pred_rows)
+    k = 0
+    for r, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
+        p = len(prompt)
+        ids[r, :p], positions[r, :p], segment[r, :p] = prompt, torch.arange(p), 0
+        col = p
+        for s, i in enumerate(row, 1):
+            n = spans[i]
+            response = batch.input_ids[i, width : width + n]
+            real = batch.attention_mask[i, width : width + n]
+            ids[r, col : col + n] = response
+            # As in the padded layout: positions count the real tokens before each one.
+            positions[r, col : col + n] = p - 1 + real.cumsum(0)
+            segment[r, col : col + n] = torch.where(real.bool(), s, -1)
+            pred_rows[k] = r
+            # The first token is predicted by the prompt's last position, the others by the
+            # response's own previous one.
+            pred_cols[k, 0] = p - 1
+            pred_cols[k, 1:n] = torch.arange(col, col + max(n - 1, 0))
+            tokens[k, :n] = response
+            k, col = k + 1, col + n
+    query, key = segment[:, :, None], segment[:, None, :]
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    allowed = causal & (key >= 0) & ((key == 0) | (key == query))
+    # Padding attends to itself, so that no row of the mask is empty (softmax of nothing).
+    allowed |= torch.eye(length, dtype=torch.bool, device=device)
+    mask = allowed[:, None]
+    if eager:  # transformers' eager attention adds the mask to its scores
+        mask = torch.zeros(mask.shape, device=device).masked_fill_(
+            ~mask, torch.finfo(torch.float32).min
+        )
+    shared = Pass(ids, mask, positions, pred_rows, pred_cols, tokens, int((segment >= 0).sum()))
+    idx = torch.tensor(order, dtype=torch.long, device=device)
+    return idx, shared, batch.response_mask[idx, :t]
+
+
+def passes(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0, attention=None):
+    """Yield (positions [b], Pass, response mask [b, t]) over the responses `rows` of `batch`:
+    shared prompts where the model's `attention` implementation takes a custom mask ("eager",
+    "sdpa"), else the padded layout of `micro_batches`. `size` and `max_tokens` bound a pass's
+    responses and padded tokens. Under torchrun every rank runs as many passes (see
+    `micro_batches`)."""
+    if attention not in ("eager", "sdpa"):
+        for idx, ids, att, width, mask in micro_batches(batch, rows, size, max_tokens):
+            yield idx, Pass.padded(ids, att, width), mask
+        return
+    positions = rows.tolist()
+    spans = dict(zip(positions, response_spans(batch.response_mask[rows]).tolist(), strict=True))
+    width = batch.prompt_width
+    prompts = [
+        tuple(batch.input_ids[i, :width][batch.attention_mask[i, :width].bool()].tolist())
+        for i in positions
+    ]
+    shared_rows = [
+        [positions[j] for j in row]
+        for row in plan_shared_rows(prompts, [spans[i] for i in positions])
+    ]
+    prompt_length = {i: len(prompt) for i, prompt in zip(positions, prompts, strict=True)}
+    lengths = [prompt_length[row[0]] + sum(spans[i] for i in row) for row in shared_rows]
+    plan = plan_shared_passes(lengths, [len(row) for row in shared_rows], size, max_tokens)
+    eager = attention == "eager"
+    for chosen in plan:
+        yield shared_prompt_pass(batch, [shared_rows[r] for r in chosen], spans, eager)
+    for _ in range(distributed.all_max(len(plan)) - len(plan)):
+        # A pass that adds nothing, for ranks with fewer passes than others.
+        first = positions[:1] or [0]
+        spans.setdefault(first[0], 0)
+        idx, spare, mask = shared_prompt_pass(batch, [first], spans, eager)
+        yield idx, spare, torch.zeros_like(mask)
