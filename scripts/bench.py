@@ -122,7 +122,9 @@ def main() -> None:
     # (several updates per batch), and one per epoch with its backward.
     body, head, total = _param_counts(cfg)
     tokens, responses = mean("batch/tokens"), mean("response/length_mean") * samples
-    forward = 2 * (body * tokens + head * responses) * world
+    # The learner's passes read a group's shared prompt once (trainer.share_prompts).
+    read = mean("batch/learner_tokens") or tokens
+    forward = 2 * (body * read + head * responses) * world
     forwards = (cfg.algo.beta > 0) + (cfg.trainer.mini_batches * cfg.trainer.epochs > 1)
     # With LoRA the backward computes the activations' gradients only (the frozen weights get
     # none, the adapters' are negligible): one forward's worth, not two.

@@ -11,7 +11,7 @@ import time
 import torch
 
 from rlcli.rollout.batch import rollout_from_tokens
-from rlcli.train.learner import lm_token_logprobs
+from rlcli.train.learner import token_logprobs
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from rlcli.validate import compose
@@ -63,7 +63,7 @@ for device in ("cpu", "cuda"):
     batch = rollout_from_tokens(
         prompts, responses, ["a", "b"], ["0", "1"], 0, device, own_masks=masks
     )
-    logp, _ = lm_token_logprobs(
+    logp, _ = token_logprobs(
         run.policy, batch.input_ids, batch.attention_mask, batch.prompt_width
     )
     logp.retain_grad()

@@ -74,8 +74,9 @@ def end_process(code: int) -> NoReturn:
 
 def shard(wrapped: nn.Module, lm: nn.Module) -> nn.Module:
     """Shard `lm` across the ranks (each decoder layer), then `wrapped`, the module around it
-    that the learner calls (`train.learner.TokenLogprobModel`), as the root; `lm`'s parameters
-    become shards (DTensors) of the same names, in place. Returns `wrapped`."""
+    that the learner calls (`train.learner.TokenLogprobModel`, whose `warm_up()` runs a first
+    forward), as the root; `lm`'s parameters become shards (DTensors) of the same names, in
+    place. Returns `wrapped`."""
     from torch.distributed.fsdp import fully_shard
 
     layer_types = tuple(
@@ -95,8 +96,7 @@ def shard(wrapped: nn.Module, lm: nn.Module) -> nn.Module:
     # FSDP2 sets itself up on the first forward, which must go through the root: transformers'
     # generate would reach the layers first and make each its own root.
     with torch.no_grad():
-        ids = torch.zeros(1, 2, dtype=torch.long, device=lm.get_input_embeddings().weight.device)
-        wrapped(ids, torch.ones_like(ids), 1)
+        wrapped.warm_up()
     # The root keeps its weights gathered after a forward; the optimiser must see its shards.
     wrapped.reshard()
     return wrapped

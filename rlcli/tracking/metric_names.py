@@ -111,7 +111,10 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
         Metric("logp/rejected", "Mean log-probability of the rejected replies.", DPO),
     )),
     MetricGroup("batch/", "What the learner trained on.", (
-        Metric("batch/tokens", "Prompt and response tokens the learner read."),
+        Metric("batch/tokens", "Prompt and response tokens of the batch, each response with "
+               "its own prompt."),
+        Metric("batch/learner_tokens", "Tokens a pass of the learner over the batch read, "
+               "padding not counted: a group's prompt once (trainer.share_prompts)."),
         Metric("batch/padding_frac", "Share of the learner's token slots that were padding."),
         Metric("batch/trained_token_share", "Share of the sampled response tokens that enter "
                "the loss (0: the step trained on nothing; a warning says why)."),

@@ -80,6 +80,13 @@ class TokenLogprobModel(nn.Module):
         # Fresh tensors, not views: FSDP2 hooks the root's outputs for its backward.
         return logp.clone(), None if entropy is None else entropy.clone()
 
+    def warm_up(self) -> None:
+        """A forward over two tokens (FSDP2 sets itself up on the root's first forward)."""
+        ids = torch.zeros(
+            1, 2, dtype=torch.long, device=self.lm.get_input_embeddings().weight.device
+        )
+        self(Pass.padded(ids, torch.ones_like(ids), 1))
+
 
 def pass_logprobs(model, inputs: Pass, with_entropy=False, temperature=1.0):
     """`lm_token_logprobs` of a causal LM, or of the LM inside a `TokenLogprobModel`."""
@@ -270,6 +277,7 @@ def learn(
     metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
     metrics["nonfinite/skipped_updates"] = float(skipped)
     metrics["batch/padding_frac"] = 1 - real / max(padded, 1)
+    metrics["batch/learner_tokens"] = float(real)
     return metrics
 
 

@@ -173,7 +173,7 @@ def plan_shared_passes(
     return plan
 
 
-def shared_prompt_pass(batch: Rollout, rows: list[list[int]], spans: list[int], eager: bool):
+def shared_prompt_pass(batch: Rollout, rows: list[list[int]], spans: dict[int, int], eager: bool):
     """The pass over `rows` (lists of response positions in `batch`, each list sharing a prompt;
     `spans[i]` the columns of response i the pass reads). Returns (the responses' positions in
     pass order [b], the Pass, their response mask [b, t])."""

@@ -1,0 +1,256 @@
+"""The learner on a CUDA GPU, in one script of a few minutes (GPU machines here have torch,
+transformers and peft but no vLLM, so sampling is `sampler=hf`):
+
+1. throughput: rlcli's learner (`train.learner.learn`: FSDP2 on one rank, bfloat16 autocast
+   over float32 weights and AdamW, gradient checkpointing, shared-prompt passes of at most
+   `--tokens` tokens) on a model of Qwen2.5-1.5B's shape built from its config with random
+   weights (no download): tokens/s, model FLOP utilisation against the card's bfloat16 peak,
+   and peak memory against docs/scaling.md's rule (16 bytes per parameter, plus activations);
+2. two GRPO steps end to end with `sampler=hf` on the tiny model (a dense reward);
+3. one LoRA step;
+4. CUDA's loss and gradients against the CPU's on the tiny model (float32).
+
+    python scripts/gpu_check.py                   # on the GPU: prints GPU CHECK PASSED and JSON
+    python scripts/gpu_check.py --device cpu --small   # the same code, tiny shapes, on CPU
+
+Model FLOPs count 6 per parameter per token read (forward and backward; the LM head on the
+response tokens only), none for attention scores or checkpointing's recompute, so the
+utilisation is a lower bound. `--small` (for CPU and the test suite) swaps the 1.5B shape for
+a 2-layer one and skips the CUDA-against-CPU comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import time
+
+import torch
+
+from rlcli.rollout.batch import rollout_from_tokens
+from rlcli.runtime import distributed
+from rlcli.runtime.models import adamw
+from rlcli.train.batch import TrainBatch
+from rlcli.train.learner import TokenLogprobModel, UpdatePlan, learn, objective_from_config
+from rlcli.train.run import setup
+from rlcli.train.step import train_step
+from rlcli.validate import compose
+
+# Qwen2.5-1.5B's config.json, the fields that set its shape and cost.
+QWEN25_15B = {
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": True,
+}
+SMALL = {**QWEN25_15B, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}  # fmt: skip
+
+# Dense bfloat16 tensor-core peaks from the vendor's data sheets, FLOP/s.
+PEAKS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def card_peak(device: torch.device) -> tuple[str, float | None]:
+    if device.type != "cuda":
+        return "cpu", None
+    name = torch.cuda.get_device_name(device)
+    for key, peak in PEAKS.items():  # "H100 PCIe" before "H100"
+        if all(part in name for part in key.split()):
+            return name, peak
+    return name, None
+
+
+def one_rank_group(device: torch.device) -> None:
+    """A process group of one, so that FSDP2 shards (trivially) as under torchrun."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    torch.distributed.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1
+    )
+
+
+def synthetic_batch(vocab: int, prompts: int, group: int, prompt_len: int, response_len: int,
+                    device) -> TrainBatch:  # fmt: skip
+    """Groups of `group` responses sharing a prompt, random tokens (a pass's cost does not
+    depend on which tokens it reads), random advantages."""
+    g = torch.Generator().manual_seed(0)
+    prompt_tokens, responses = [], []
+    for _ in range(prompts):
+        prompt = torch.randint(3, vocab, (prompt_len,), generator=g).tolist()
+        for _ in range(group):
+            prompt_tokens.append(prompt)
+            responses.append(torch.randint(3, vocab, (response_len,), generator=g).tolist())
+    n = len(responses)
+    rollout = rollout_from_tokens(
+        prompt_tokens, responses, [""] * n, [str(i // group) for i in range(n)], 0, device
+    )
+    advantages = torch.randn(n, generator=g).to(device)
+    return TrainBatch(rollout, torch.zeros(n, device=device), advantages)
+
+
+def throughput(device: torch.device, small: bool, tokens: int, passes: int) -> dict:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = SMALL if small else QWEN25_15B
+    config = AutoConfig.for_model("qwen2", **shape)
+    torch.manual_seed(0)
+    with device:
+        lm = AutoModelForCausalLM.from_config(
+            config,
+            dtype=torch.float32,
+            attn_implementation="sdpa" if device.type == "cuda" else "eager",
+        )
+    lm.gradient_checkpointing_enable({"use_reentrant": False})
+    lm.train()
+    params = sum(p.numel() for p in lm.parameters())
+    head = lm.get_output_embeddings().weight.numel()
+    body = params - head  # the embedding is tied to the head: its lookup costs nothing
+    one_rank_group(device)
+    model = distributed.shard(TokenLogprobModel(lm), lm)
+    optimizer = adamw(list(model.parameters()), lr=1e-6)
+    # Each shared-prompt row: a 256-token prompt and its 4 responses of 192 tokens (1,024).
+    prompt_len, response_len, group = (32, 24, 4) if small else (256, 192, 4)
+    row = prompt_len + group * response_len
+    prompts = max(tokens // row, 1) * passes
+    batch = synthetic_batch(shape["vocab_size"], prompts, group, prompt_len, response_len, device)
+    cfg = compose(["algo=grpo", "algo.beta=0"])
+    objective = objective_from_config(cfg.algo, cfg.sampler, norm_len=response_len)
+    plan = UpdatePlan(1, 10**6, tokens, max_grad_norm=1.0, share_prompts=True)
+    cast = torch.autocast(device.type, dtype=torch.bfloat16)
+
+    def step():
+        with cast:
+            return learn(model, optimizer, objective, batch, plan)
+
+    step()  # warm-up: kernels chosen, allocator grown
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        metrics = step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    read = prompts * row  # tokens the passes read (not padding: every row is full)
+    trained = prompts * group * response_len
+    flops = 6 * (body * read + head * trained)
+    best = min(seconds)
+    name, peak = card_peak(device)
+    learner_state = params * 16  # float32 weights, gradients, AdamW's two moments
+    peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    torch.distributed.destroy_process_group()
+    return {
+        "card": name,
+        "parameters": params,
+        "tokens_per_pass": row * max(tokens // row, 1),
+        "passes_per_step": passes,
+        "step_seconds": [round(s, 3) for s in seconds],
+        "tokens_per_s": round(read / best, 1),
+        "model_tflop_per_s": round(flops / best / 1e12, 2),
+        "mfu": None if peak is None else round(flops / best / peak, 4),
+        "peak_memory_gib": None if peak_memory is None else round(peak_memory / 2**30, 2),
+        "learner_state_gib": round(learner_state / 2**30, 2),
+        "activations_gib": None
+        if peak_memory is None
+        else round((peak_memory - learner_state) / 2**30, 2),
+        "loss_finite": math.isfinite(metrics["loss/policy"]),
+        "padding_frac": round(metrics["batch/padding_frac"], 4),
+    }
+
+
+def tiny_steps(device: torch.device) -> dict:
+    """Two GRPO steps with sampler=hf, then one LoRA step, on the tiny model."""
+    base = [
+        "model=tiny",
+        "reward=space_rate",  # dense, so that every step has a gradient
+        "sampler=hf",
+        f"trainer.device={device.type}",
+        "trainer.prompts_per_step=4",
+        "trainer.group_size=4",
+        "sampler.max_new_tokens=16",
+        "logger.progress=false",
+    ]
+    run = setup(compose(base))
+    grpo = [train_step(run) for _ in range(2)]
+    lora = setup(compose([*base, "model.lora.rank=8"]))
+    lora_step = train_step(lora)
+    keys = ("loss/policy", "actor/grad_norm", "reward/mean")
+    return {
+        "grpo": [{k: round(m[k], 5) for k in keys} for m in grpo],
+        "lora": {k: round(lora_step[k], 5) for k in keys},
+        "finite": all(math.isfinite(m["loss/policy"]) for m in [*grpo, lora_step]),
+    }
+
+
+def cuda_against_cpu(device: torch.device) -> dict:
+    """The loss and gradients of one learner update on CUDA and on the CPU, float32."""
+    cfg = compose(["model=tiny", "sampler=hf", "trainer.bf16_autocast=false", "algo.beta=0"])
+    run = setup(cfg)
+    batch = synthetic_batch(run.policy.config.vocab_size, 3, 4, 7, 9, torch.device("cpu"))
+    objective = objective_from_config(cfg.algo, cfg.sampler, norm_len=16)
+    plan = UpdatePlan(1, 16, 0, max_grad_norm=0.0)
+    results = {}
+    for where in ("cpu", device.type):
+        policy = copy.deepcopy(run.policy).to(where)
+        moved = TrainBatch(
+            rollout=type(batch.rollout)(**{
+                k: v.to(where) if torch.is_tensor(v) else v
+                for k, v in vars(batch.rollout).items()
+            }),
+            rewards=batch.rewards.to(where),
+            advantages=batch.advantages.to(where),
+        )  # fmt: skip
+        optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)  # keeps .grad, moves nothing
+        metrics = learn(policy, optimizer, objective, moved, plan)
+        grad = torch.cat([p.grad.flatten().cpu() for p in policy.parameters()])
+        results[where] = (metrics["loss/policy"], grad)
+    (loss, grad), (cuda_loss, cuda_grad) = results["cpu"], results[device.type]
+    return {
+        "loss_cpu": loss,
+        "loss_cuda": cuda_loss,
+        "grad_max_abs_diff": float((grad - cuda_grad).abs().max()),
+        "grad_norm": float(grad.norm()),
+        "match": math.isclose(loss, cuda_loss, rel_tol=1e-4, abs_tol=1e-6)
+        and torch.allclose(grad, cuda_grad, rtol=1e-3, atol=1e-5),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--small", action="store_true", help="tiny shapes (CPU, tests)")
+    parser.add_argument("--tokens", type=int, default=16384, help="most tokens per pass")
+    parser.add_argument("--passes", type=int, default=2, help="passes per optimiser step")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    tokens = min(args.tokens, 512) if args.small else args.tokens
+    report = {"torch": torch.__version__}
+    began = time.perf_counter()
+    report["throughput"] = throughput(device, args.small, tokens, args.passes)
+    report["tiny_steps"] = tiny_steps(device)
+    if device.type == "cuda":
+        report["cuda_against_cpu"] = cuda_against_cpu(device)
+    report["seconds"] = round(time.perf_counter() - began, 1)
+    print(json.dumps(report, indent=1))
+    ok = (
+        report["throughput"]["loss_finite"]
+        and report["tiny_steps"]["finite"]
+        and report.get("cuda_against_cpu", {"match": True})["match"]
+    )
+    print("GPU CHECK PASSED" if ok else "GPU CHECK FAILED")
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

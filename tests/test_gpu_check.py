@@ -1,0 +1,34 @@
+"""scripts/gpu_check.py, the learner's check for a CUDA GPU, run here on the CPU with tiny
+shapes (--small) so that it keeps working between the sessions that have a GPU: the
+throughput pass through FSDP2 on one rank, two GRPO steps with sampler=hf and a LoRA step."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_check.py"
+
+
+def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--small", "--passes", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.rstrip().endswith("GPU CHECK PASSED")
+    report = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
+    passes = report["throughput"]
+    assert passes["card"] == "cpu" and passes["mfu"] is None
+    assert passes["tokens_per_s"] > 0 and passes["model_tflop_per_s"] > 0
+    assert len(passes["step_seconds"]) == 3 and passes["loss_finite"]
+    # Two passes of full shared-prompt rows: no padding at all.
+    assert passes["passes_per_step"] == 2 and passes["padding_frac"] == 0.0
+    steps = report["tiny_steps"]
+    assert len(steps["grpo"]) == 2 and steps["finite"]
+    # A dense reward (reward=space_rate): every step has a gradient.
+    assert all(m["actor/grad_norm"] > 0 for m in [*steps["grpo"], steps["lora"]])
+    assert "cuda_against_cpu" not in report  # only on a GPU
