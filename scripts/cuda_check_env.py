@@ -63,9 +63,7 @@ for device in ("cpu", "cuda"):
     batch = rollout_from_tokens(
         prompts, responses, ["a", "b"], ["0", "1"], 0, device, own_masks=masks
     )
-    logp, _ = token_logprobs(
-        run.policy, batch.input_ids, batch.attention_mask, batch.prompt_width
-    )
+    logp, _ = token_logprobs(run.policy, batch.input_ids, batch.attention_mask, batch.prompt_width)
     logp.retain_grad()
     (logp * batch.response_mask).sum().backward()
     assert torch.all(logp.grad[batch.response_mask == 0] == 0)
