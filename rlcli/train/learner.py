@@ -176,7 +176,7 @@ def batch_logprobs(
     attention = attention_of(model) if share_prompts else None
     for idx, inputs, mask in passes(batch, rows, size, max_tokens, attention):
         t = mask.shape[1]
-        out[idx, :t] = pass_logprobs(model, inputs, False, temperature)[0][:, :t].float()
+        out[idx, :t] = pass_logprobs(model, inputs, False, temperature)[0].float()
     return out
 
 
@@ -225,7 +225,6 @@ def learn(
             t = mask.shape[1]
             padded, real = padded + inputs.input_ids.numel(), real + inputs.real_tokens
             logp, entropy = pass_logprobs(model, inputs, True, obj.temperature)
-            logp, entropy = logp[:, :t], entropy[:, :t]
             old = logp.detach() if batch.old_logp is None else batch.old_logp[idx, :t]
             ref = None if batch.ref_logp is None else batch.ref_logp[idx, :t]
             sampler_logp = rollout.sampler_logp
@@ -301,7 +300,7 @@ def minibatch_choices(model, obj: Objective, batch: TrainBatch, mini: Tensor, pl
     ):
         t = mask.shape[1]
         lp, ent = pass_logprobs(model, inputs, True, obj.temperature)
-        logp[idx, :t], entropy[idx, :t] = lp[:, :t].float(), ent[:, :t].float()
+        logp[idx, :t], entropy[idx, :t] = lp.float(), ent.float()
     mask = rollout.response_mask[mini].to(logp.dtype)
     adv = batch.advantages[mini]
     adv = (adv[:, None] if adv.dim() == 1 else adv).expand_as(mask)

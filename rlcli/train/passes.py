@@ -5,13 +5,14 @@ output predicts it. Two layouts:
 
 - padded (`micro_batches`): a row per response, its prompt left-padded and its response
   right-padded to the micro-batch's widest (the `Rollout`'s own layout, trimmed);
-- shared prompts (`shared_prompt_passes`): a row per group, its prompt once and then each of
-  the group's responses, under an attention mask in which every response sees the prompt and
-  its own earlier tokens, not its siblings. A group of G responses to a P-token prompt reads
-  P + sum(lengths) tokens instead of G x P + sum(lengths): on the default GRPO batch (4 x 4,
-  prompts of ~46 tokens, responses <= 48) about a third fewer (docs/performance.md). The
-  prompt's outputs are then computed once and receive the gradients of all G responses, which
-  is the sum the padded layout computes G times over (the same value up to rounding).
+- shared prompts (`passes`, each pass built by `shared_prompt_pass`): a row per group, its
+  prompt once and then each of the group's responses, under an attention mask in which every
+  response sees the prompt and its own earlier tokens, not its siblings. A group of G
+  responses to a P-token prompt reads P + sum(lengths) tokens instead of G x P + sum(lengths):
+  on the default GRPO batch (4 x 4, prompts of ~46 tokens, responses <= 48) about a third
+  fewer (docs/performance.md). The prompt's outputs are then computed once and receive the
+  gradients of all G responses, which is the sum the padded layout computes G times over (the
+  same value up to rounding).
 """
 
 from __future__ import annotations
@@ -173,13 +174,24 @@ def plan_shared_passes(
     return plan
 
 
-def shared_prompt_pass(batch: Rollout, rows: list[list[int]], spans: dict[int, int], eager: bool):
+def real_prompt(batch: Rollout, i: int) -> Tensor:
+    """Response i's prompt without its left padding."""
+    width = batch.prompt_width
+    return batch.input_ids[i, :width][batch.attention_mask[i, :width].bool()]
+
+
+def shared_prompt_pass(
+    batch: Rollout,
+    rows: list[list[int]],
+    spans: dict[int, int],
+    prompt_of: dict[int, Tensor],
+    eager: bool,
+):
     """The pass over `rows` (lists of response positions in `batch`, each list sharing a prompt;
-    `spans[i]` the columns of response i the pass reads). Returns (the responses' positions in
-    pass order [b], the Pass, their response mask [b, t])."""
+    `spans[i]` the columns of response i the pass reads, `prompt_of[i]` its `real_prompt`).
+    Returns (the responses' positions in pass order [b], the Pass, their response mask [b, t])."""
     width, device = batch.prompt_width, batch.input_ids.device
-    prompts = [batch.input_ids[row[0], :width][batch.attention_mask[row[0], :width].bool()]
-               for row in rows]  # fmt: skip
+    prompts = [prompt_of[row[0]] for row in rows]
     length = max(len(p) + sum(spans[i] for i in row) for p, row in zip(prompts, rows, strict=True))
     order = [i for row in rows for i in row]
     t = max(1, max(spans[i] for i in order))
@@ -236,24 +248,22 @@ def passes(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0, attenti
         return
     positions = rows.tolist()
     spans = dict(zip(positions, response_spans(batch.response_mask[rows]).tolist(), strict=True))
-    width = batch.prompt_width
-    prompts = [
-        tuple(batch.input_ids[i, :width][batch.attention_mask[i, :width].bool()].tolist())
-        for i in positions
-    ]
+    prompt_of = {i: real_prompt(batch, i) for i in positions}
     shared_rows = [
         [positions[j] for j in row]
-        for row in plan_shared_rows(prompts, [spans[i] for i in positions])
+        for row in plan_shared_rows(
+            [tuple(prompt_of[i].tolist()) for i in positions], [spans[i] for i in positions]
+        )
     ]
-    prompt_length = {i: len(prompt) for i, prompt in zip(positions, prompts, strict=True)}
-    lengths = [prompt_length[row[0]] + sum(spans[i] for i in row) for row in shared_rows]
+    lengths = [len(prompt_of[row[0]]) + sum(spans[i] for i in row) for row in shared_rows]
     plan = plan_shared_passes(lengths, [len(row) for row in shared_rows], size, max_tokens)
     eager = attention == "eager"
     for chosen in plan:
-        yield shared_prompt_pass(batch, [shared_rows[r] for r in chosen], spans, eager)
+        yield shared_prompt_pass(batch, [shared_rows[r] for r in chosen], spans, prompt_of, eager)
     for _ in range(distributed.all_max(len(plan)) - len(plan)):
         # A pass that adds nothing, for ranks with fewer passes than others.
         first = positions[:1] or [0]
         spans.setdefault(first[0], 0)
-        idx, spare, mask = shared_prompt_pass(batch, [first], spans, eager)
+        prompt_of.setdefault(first[0], real_prompt(batch, first[0]))
+        idx, spare, mask = shared_prompt_pass(batch, [first], spans, prompt_of, eager)
         yield idx, spare, torch.zeros_like(mask)
