@@ -25,125 +25,27 @@ import json
 import math
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from paper_claims import CLAIMS, Claim, rlcli
 
 from rlcli.sweep import mean_interval
 from rlcli.tracking.metrics import read_metrics
 
 
-@dataclass(frozen=True)
-class Claim:
-    claim: str  # what the paper says, in one sentence
-    source: str  # the paper and the figure or table it shows it in
-    arms: dict[str, list[str]]  # arm name -> its overrides; the first arm is the baseline
-    metric: str  # the metrics.jsonl key the verdict reads
-    direction: int  # +1: the paper says the other arms' value is higher than the baseline's
-    steps: int  # training steps of each run
-    base: list[str]  # overrides of every arm
-    over: str = "all"  # a run's value: mean over all steps, or "late" (the second half)
-    also: tuple[str, ...] = ()  # metrics reported beside it, not judged
-    # What the smoke test (the tiny model) adds: e.g. a dense reward where the claim needs
-    # groups whose rewards differ, which the tiny model's answers never are.
-    smoke: tuple[str, ...] = ()
+def evaluate_run(job: Path, smoke: bool) -> None:
+    """The greedy accuracy of a run's last checkpoint on 100 held-out arithmetic problems, into
+    JOB/after/eval.json (skipped when it is there)."""
+    if (job / "after" / "eval.json").exists():
+        return
+    last = max((job / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    tiny = ["sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
+    rlcli(
+        "eval", "data=arith", "eval.max_problems=100", "eval.k=1", "logger.progress=false",
+        f"model.path={last}", *tiny, f"hydra.run.dir={job / 'after'}",
+    )  # fmt: skip
 
-
-# Clipping acts only when the policy moves away from the one that sampled: 4 updates per batch
-# (DAPO and GSPO train with 16 and more), at a learning rate that moves it within a batch.
-OFF_POLICY = ["trainer.mini_batches=4", "trainer.lr=2e-5"]
-
-CLAIMS = {
-    "clip_higher": Claim(
-        claim="With eps_high = 0.28 the policy's entropy does not collapse as it does with "
-        "the symmetric 0.2, and accuracy is at least as good.",
-        source="DAPO (Yu et al. 2025), Fig. 2",
-        arms={"eps 0.2/0.2": ["algo=grpo"], "eps 0.2/0.28": ["algo=grpo", "algo.eps_high=0.28"]},
-        metric="actor/entropy",
-        direction=+1,
-        steps=40,
-        base=OFF_POLICY,
-        over="late",
-        also=("reward/mean", "clip/high"),
-    ),
-    "dynamic_sampling": Claim(
-        claim="Dynamic sampling reaches a given reward in fewer training steps, at the cost "
-        "of more generated responses per step.",
-        source="DAPO (Yu et al. 2025), Fig. 6",
-        arms={
-            "grpo": ["algo=grpo"],
-            "dynamic sampling": ["algo=grpo", "algo.dynamic_sampling=true"],
-        },
-        metric="reward/mean",
-        direction=+1,
-        steps=40,
-        base=[],
-        also=("batch/gen_batches", "batch/response_utilisation"),
-        smoke=("reward=space_rate", "algo.filter_metric=total"),
-    ),
-    "overlong_shaping": Claim(
-        claim="The soft overlong punishment and the overlong filter lower the share of "
-        "truncated responses.",
-        source="DAPO (Yu et al. 2025), Fig. 5",
-        arms={
-            "grpo": ["algo=grpo"],
-            "soft punishment": ["algo=grpo", "reward=dapo"],
-            "overlong filter": ["algo=grpo", "algo.overlong_filter=true"],
-        },
-        metric="response/truncated_frac",
-        direction=-1,
-        steps=40,
-        base=["sampler.max_new_tokens=32"],
-        over="late",
-        also=("reward/mean", "response/length_mean"),
-    ),
-    "entropy_mechanism": Claim(
-        claim="Clip-Cov and KL-Cov keep the policy's entropy above GRPO's.",
-        source="Cui et al. 2025 (The Entropy Mechanism of RL for Reasoning LMs), Fig. 1",
-        arms={"grpo": ["algo=grpo"], "clip_cov": ["algo=clip_cov"], "kl_cov": ["algo=kl_cov"]},
-        metric="actor/entropy",
-        direction=+1,
-        steps=40,
-        base=OFF_POLICY,
-        over="late",
-        also=("reward/mean",),
-    ),
-    "gspo_clipping": Claim(
-        claim="GSPO clips a far larger share of tokens than GRPO (about two orders of "
-        "magnitude) and still learns at least as well.",
-        source="GSPO (Zheng et al. 2025), the clipping-fraction figure",
-        arms={"grpo": ["algo=grpo"], "gspo": ["algo=gspo"]},
-        metric="clip/frac",
-        direction=+1,
-        steps=20,
-        base=OFF_POLICY,
-        also=("reward/mean",),
-    ),
-    "dcpo_utilisation": Claim(
-        claim="DCPO gives a higher share of responses a gradient than GRPO.",
-        source="DCPO (Yang et al. 2025), its response-utilisation metric",
-        arms={"grpo": ["algo=grpo"], "dcpo": ["algo=dcpo"]},
-        metric="batch/response_utilisation",
-        direction=+1,
-        steps=20,
-        base=OFF_POLICY,
-        also=("clip/frac", "reward/mean"),
-    ),
-    "critic_cost": Claim(
-        claim="Dropping the critic (GRPO against PPO) lowers the step time at comparable reward.",
-        source="DeepSeekMath (Shao et al. 2024), section 4.1",
-        arms={
-            "ppo": ["algo=ppo", "trainer.group_size=1", "trainer.prompts_per_step=16"],
-            "grpo": ["algo=grpo"],
-        },  # fmt: skip
-        metric="time/step",
-        direction=-1,
-        steps=10,
-        base=[],
-        also=("reward/mean",),
-    ),
-}
 
 # Overrides that turn an experiment into its smoke test: the tiny model, two short steps.
 SMOKE = ["model=tiny", "sampler.max_new_tokens=16", "trainer.max_steps=2"]
@@ -151,6 +53,7 @@ SMOKE = ["model=tiny", "sampler.max_new_tokens=16", "trainer.max_steps=2"]
 
 def run_arm(claim: Claim, arm: list[str], seeds: int, out: Path, smoke: bool) -> None:
     steps = [] if smoke else [f"trainer.max_steps={claim.steps}"]
+    arm = [o.replace("{data}", str(out.parent / "data")) for o in arm]
     cmd = [
         sys.executable, "-m", "rlcli", "train", "-m",
         f"trainer.seed={','.join(str(s) for s in range(seeds))}",
@@ -173,8 +76,29 @@ def runs_by_seed(sweep: Path) -> dict[int, list[dict]]:
             for o in yaml.safe_load(overrides.read_text())
             if o.startswith("trainer.seed=")
         )
-        runs[seed] = read_metrics(job)
+        runs[seed] = with_sample_lengths(read_metrics(job), job / "samples.jsonl")
+        after = job / "after" / "eval.json"
+        if after.exists() and runs[seed]:
+            runs[seed][-1]["eval/accuracy"] = json.loads(after.read_text())["accuracy"]
     return runs
+
+
+def with_sample_lengths(rows: list[dict], samples: Path) -> list[dict]:
+    """Adds to each step's row the mean length of its wrong responses (reward 0 or less:
+    reward=math gives 1 or 0) and of its right ones, from the run's samples.jsonl; the script
+    derives these, rlcli does not log them."""
+    wrong: dict[int, list[int]] = {}
+    right: dict[int, list[int]] = {}
+    if samples.exists():
+        for line in samples.read_text().splitlines():
+            s = json.loads(line)
+            if s["reward"] is not None:
+                (right if s["reward"] > 0 else wrong).setdefault(s["step"], []).append(s["length"])
+    for row in rows:
+        for key, lengths in (("samples/wrong_length", wrong), ("samples/right_length", right)):
+            if row["step"] in lengths:
+                row[key] = sum(lengths[row["step"]]) / len(lengths[row["step"]])
+    return rows
 
 
 def run_value(rows: list[dict], metric: str, over: str) -> float:
@@ -242,11 +166,13 @@ def markdown(key: str, claim: Claim, result: dict, seeds: int) -> str:
         for metric in (claim.metric, *claim.also):
             m = entry[metric]
             text = cell(m["mean"], m["half_width"])
-            if "paired_diff" in m:
+            if "paired_diff" in m and not math.isnan(m["paired_diff"]["mean"]):
                 d = m["paired_diff"]
                 text += f" (vs {baseline}: {cell(d['mean'], d['half_width'])})"
             cells.append(text)
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {entry.get('verdict', 'baseline')} |")
+    if "eval/accuracy before training" in result:
+        lines += ["", f"eval/accuracy before training: {result['eval/accuracy before training']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -294,6 +220,9 @@ def main() -> None:
         return
     claim, seeds = CLAIMS[args.claim], 1 if args.smoke else args.seeds
     out = (args.out / args.claim).resolve()
+    if claim.prepare is not None:
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        claim.prepare(out / "data", args.smoke)
     runs: dict[str, dict[int, list[dict]]] = {}
     for i, (arm, overrides) in enumerate(claim.arms.items()):
         sweep = out / f"arm{i}"
@@ -302,8 +231,14 @@ def main() -> None:
         # An arm whose every seed ran to the end is not run again (a later claim reuses it).
         if sorted(done) != list(range(seeds)) or any(len(r) < steps for r in done.values()):
             run_arm(claim, overrides, seeds, sweep, args.smoke)
+        if claim.evaluate_after:
+            for overrides_file in sorted(sweep.glob("*/.hydra/overrides.yaml")):
+                evaluate_run(overrides_file.parent.parent, args.smoke)
         runs[arm] = runs_by_seed(sweep)
     result = summarise(claim, runs)
+    before = out / "data" / "before" / "eval.json"
+    if before.exists():  # the model the arms start from, evaluated as evaluate_run does
+        result["eval/accuracy before training"] = json.loads(before.read_text())["accuracy"]
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     text = markdown(args.claim, claim, result, seeds)
     (out / "result.md").write_text(text)

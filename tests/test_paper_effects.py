@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-from paper_effects import CLAIMS, run_value, verdict  # noqa: E402
+from paper_effects import CLAIMS, run_value, verdict, with_sample_lengths  # noqa: E402
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "paper_effects.py"
 
@@ -49,3 +49,15 @@ def test_a_runs_value_is_its_mean_over_all_or_the_late_steps():
     rows = [{"step": s, "m": float(s)} for s in range(1, 5)] + [{"step": 5}]
     assert run_value(rows, "m", "all") == 2.5
     assert run_value(rows, "m", "late") == 3.5  # steps 3 and 4 of the 4 that logged it
+
+
+def test_the_lengths_of_wrong_and_right_responses_come_from_samples_jsonl(tmp_path):
+    samples = tmp_path / "samples.jsonl"
+    lines = [(1, 0.0, 10), (1, 0.0, 30), (1, 1.0, 4), (2, 1.0, 6), (2, None, 99)]
+    samples.write_text(
+        "".join(json.dumps({"step": s, "reward": r, "length": n}) + "\n" for s, r, n in lines)
+    )
+    rows = with_sample_lengths([{"step": 1}, {"step": 2}], samples)
+    assert rows[0] == {"step": 1, "samples/wrong_length": 20.0, "samples/right_length": 4.0}
+    # Step 2 had no wrong response, and an unscored one (reward null) counts as neither.
+    assert rows[1] == {"step": 2, "samples/right_length": 6.0}
