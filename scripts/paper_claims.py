@@ -73,6 +73,12 @@ def dpo_pairs(data: Path, smoke: bool) -> None:
 # Clipping acts only when the policy moves away from the one that sampled: 4 updates per batch
 # (DAPO and GSPO train with 16 and more), at a learning rate that moves it within a batch.
 OFF_POLICY = ["trainer.mini_batches=4", "trainer.lr=2e-5"]
+# At lr 2e-5 GRPO clipped about 1 token in 10,000 (gspo_clipping), too few for a change of the
+# clip's upper bound to act; at 1e-4 the policy moves five times as far within a batch.
+CLIPPING = ["trainer.mini_batches=4", "trainer.lr=1e-4"]
+# Dynamic sampling draws more groups until 4 have rewards that differ. At the start about 1 in 5
+# groups does (the model answers about 5% right), so 3 draws, the default, run short.
+DRAW_MORE = "algo.max_gen_batches=16"
 
 # DPO as docs/data-and-reward.md runs it: 8 pairs a step at lr 1e-5, 8 pairs held out.
 DPO_BASE = ["algo=dpo", "data=pairs", "data.num_test=8", "trainer.prompts_per_step=8"]
@@ -83,11 +89,15 @@ CLAIMS = {
         claim="With eps_high = 0.28 the policy's entropy does not collapse as it does with "
         "the symmetric 0.2, and accuracy is at least as good.",
         source="DAPO (Yu et al. 2025), Fig. 2",
-        arms={"eps 0.2/0.2": ["algo=grpo"], "eps 0.2/0.28": ["algo=grpo", "algo.eps_high=0.28"]},
+        arms={
+            "eps 0.2/0.2": ["algo=grpo"],
+            # eps_high is read by the decoupled clip only; the symmetric one ignores it.
+            "eps 0.2/0.28": ["algo=grpo", "algo.clip=decoupled", "algo.eps_high=0.28"],
+        },
         metric="actor/entropy",
         direction=+1,
         steps=40,
-        base=OFF_POLICY,
+        base=CLIPPING,
         over="late",
         also=("reward/mean", "clip/high"),
     ),
@@ -97,7 +107,7 @@ CLAIMS = {
         source="DAPO (Yu et al. 2025), Fig. 6",
         arms={
             "grpo": ["algo=grpo"],
-            "dynamic sampling": ["algo=grpo", "algo.dynamic_sampling=true"],
+            "dynamic sampling": ["algo=grpo", "algo.dynamic_sampling=true", DRAW_MORE],
         },
         metric="reward/mean",
         direction=+1,
@@ -161,7 +171,7 @@ CLAIMS = {
         claim="DCPO gives a higher share of responses a gradient than GRPO and DAPO, and "
         "clips a lower share of tokens.",
         source="DCPO (Yang et al. 2025), its response-utilisation and clipping metrics",
-        arms={"grpo": ["algo=grpo"], "dapo": ["algo=dapo"], "dcpo": ["algo=dcpo"]},
+        arms={"grpo": ["algo=grpo"], "dapo": ["algo=dapo", DRAW_MORE], "dcpo": ["algo=dcpo"]},
         metric="batch/response_utilisation",
         direction=+1,
         steps=20,

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from paper_claims import CLAIMS, Claim, rlcli
 
 from rlcli.sweep import mean_interval
@@ -51,15 +52,37 @@ def evaluate_run(job: Path, smoke: bool) -> None:
 SMOKE = ["model=tiny", "sampler.max_new_tokens=16", "trainer.max_steps=2"]
 
 
-def run_arm(claim: Claim, arm: list[str], seeds: int, out: Path, smoke: bool) -> None:
+def arm_overrides(claim: Claim, arm: list[str], out: Path, smoke: bool) -> list[str]:
+    """What every seed of an arm runs with, the seed and the sweep's directory aside."""
     steps = [] if smoke else [f"trainer.max_steps={claim.steps}"]
     arm = [o.replace("{data}", str(out.parent / "data")) for o in arm]
+    return [
+        "logger.progress=false", "trainer.save_every=0",
+        *claim.base, *arm, *steps, *((*SMOKE, *claim.smoke) if smoke else ()),
+    ]  # fmt: skip
+
+
+def ran_with(sweep: Path) -> list[str] | None:
+    """The overrides an existing sweep's first job ran with, its seed left out."""
+    jobs = sorted(sweep.glob("*/.hydra/overrides.yaml"))
+    if not jobs:
+        return None
+    return [o for o in yaml.safe_load(jobs[0].read_text()) if not o.startswith("trainer.seed=")]
+
+
+def same_overrides(a: list[str], b: list[str]) -> bool:
+    """Whether two override lists set the same values (Hydra writes `2e-5` back as `2e-05`)."""
+    parse = OverridesParser.create().parse_overrides
+    return sorted((o.key_or_group, str(o.value())) for o in parse(a)) == sorted(
+        (o.key_or_group, str(o.value())) for o in parse(b)
+    )
+
+
+def run_arm(overrides: list[str], seeds: int, out: Path) -> None:
     cmd = [
         sys.executable, "-m", "rlcli", "train", "-m",
         f"trainer.seed={','.join(str(s) for s in range(seeds))}",
-        "logger.progress=false", "trainer.save_every=0",
-        *claim.base, *arm, *steps, *((*SMOKE, *claim.smoke) if smoke else ()),
-        f"hydra.sweep.dir={out}",
+        *overrides, f"hydra.sweep.dir={out}",
     ]  # fmt: skip
     done = subprocess.run(cmd, check=False)
     if done.returncode:
@@ -227,10 +250,18 @@ def main() -> None:
     for i, (arm, overrides) in enumerate(claim.arms.items()):
         sweep = out / f"arm{i}"
         steps = 2 if args.smoke else claim.steps
+        wanted = arm_overrides(claim, overrides, sweep, args.smoke)
+        if (before := ran_with(sweep)) is not None and not same_overrides(before, wanted):
+            # The claim changed since: neither mix the two nor delete what ran.
+            sys.exit(
+                f"paper_effects: {sweep} ran with {' '.join(before)}, but the arm {arm!r} is now "
+                f"{' '.join(wanted)}. Move that directory away (or pass another --out) to run "
+                "the arm again."
+            )
         done = runs_by_seed(sweep) if sweep.is_dir() else {}
         # An arm whose every seed ran to the end is not run again (a later claim reuses it).
         if sorted(done) != list(range(seeds)) or any(len(r) < steps for r in done.values()):
-            run_arm(claim, overrides, seeds, sweep, args.smoke)
+            run_arm(wanted, seeds, sweep)
         if claim.evaluate_after:
             for overrides_file in sorted(sweep.glob("*/.hydra/overrides.yaml")):
                 evaluate_run(overrides_file.parent.parent, args.smoke)

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-from paper_effects import CLAIMS, run_value, verdict, with_sample_lengths  # noqa: E402
+from paper_effects import (  # noqa: E402
+    CLAIMS,
+    run_value,
+    same_overrides,
+    verdict,
+    with_sample_lengths,
+)
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "paper_effects.py"
 
@@ -61,3 +67,11 @@ def test_the_lengths_of_wrong_and_right_responses_come_from_samples_jsonl(tmp_pa
     assert rows[0] == {"step": 1, "samples/wrong_length": 20.0, "samples/right_length": 4.0}
     # Step 2 had no wrong response, and an unscored one (reward null) counts as neither.
     assert rows[1] == {"step": 2, "samples/right_length": 6.0}
+
+
+def test_an_arm_that_ran_with_other_overrides_is_told_apart_from_hydras_spelling():
+    # Hydra writes a sweep's overrides back normalised: 2e-5 as 2e-05, false as False.
+    ran = ["logger.progress=False", "trainer.lr=2e-05", "algo=grpo"]
+    assert same_overrides(ran, ["algo=grpo", "logger.progress=false", "trainer.lr=2e-5"])
+    assert not same_overrides(ran, ["logger.progress=false", "trainer.lr=1e-4", "algo=grpo"])
+    assert not same_overrides(ran, ["logger.progress=false", "trainer.lr=2e-5"])
