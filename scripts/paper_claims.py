@@ -177,6 +177,7 @@ CLAIMS = {
         steps=20,
         base=OFF_POLICY,
         also=("clip/frac", "reward/mean"),
+        smoke=("reward=space_rate", "algo.filter_metric=total"),  # as dynamic_sampling's
     ),
     "critic_cost": Claim(
         claim="Dropping the critic (GRPO against PPO) lowers the step time at comparable reward.",

@@ -14,8 +14,9 @@ Verdicts: **reproduced** when the paired difference's 95% interval lies on the s
 says; **not reproduced** when it lies on the other side; **inconclusive at this scale** when it
 contains 0 (or there are fewer than 2 seeds). A run's value is the metric's mean over its
 steps (`over="all"`) or over the second half of them (`over="late"`, for claims about where
-training ends up). Writes OUT/CLAIM/{arm}/ (the sweeps), OUT/CLAIM/result.json,
-OUT/CLAIM/result.md and OUT/CLAIM/curves.png.
+training ends up). Writes OUT/CLAIM/{arm}/ (the sweeps; each run's checkpoint is removed once
+it is measured, unless --keep-checkpoints), OUT/CLAIM/result.json, OUT/CLAIM/result.md and
+OUT/CLAIM/curves.png.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -236,6 +238,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("runs/paper_effects"))
     parser.add_argument("--smoke", action="store_true", help="tiny model, one seed, two steps")
+    parser.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep each run's final checkpoint"
+    )
     args = parser.parse_args()
     if args.list or args.claim is None:
         for key, claim in CLAIMS.items():
@@ -262,9 +267,12 @@ def main() -> None:
         # An arm whose every seed ran to the end is not run again (a later claim reuses it).
         if sorted(done) != list(range(seeds)) or any(len(r) < steps for r in done.values()):
             run_arm(wanted, seeds, sweep)
-        if claim.evaluate_after:
-            for overrides_file in sorted(sweep.glob("*/.hydra/overrides.yaml")):
-                evaluate_run(overrides_file.parent.parent, args.smoke)
+        for overrides_file in sorted(sweep.glob("*/.hydra/overrides.yaml")):
+            job = overrides_file.parent.parent
+            if claim.evaluate_after:
+                evaluate_run(job, args.smoke)
+            if not args.keep_checkpoints:  # 1.5 GiB a run, and the claims read only the metrics
+                shutil.rmtree(job / "checkpoints", ignore_errors=True)
         runs[arm] = runs_by_seed(sweep)
     result = summarise(claim, runs)
     before = out / "data" / "before" / "eval.json"
