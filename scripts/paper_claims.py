@@ -30,6 +30,9 @@ class Claim:
     smoke: tuple[str, ...] = ()
     # Writes, before any arm runs, the files the arms' overrides name as {data} (OUT/CLAIM/data).
     prepare: Callable[[Path, bool], None] | None = None
+    # The arms the verdict judges against the baseline (empty: every other arm); the rest are
+    # measured beside them, as DAPO is beside DCPO.
+    judged: tuple[str, ...] = ()
     # Measures a finished run further: the model's greedy held-out accuracy (`rlcli eval`).
     evaluate_after: bool = False
 
@@ -178,6 +181,7 @@ CLAIMS = {
         base=OFF_POLICY,
         also=("clip/frac", "reward/mean"),
         smoke=("reward=space_rate", "algo.filter_metric=total"),  # as dynamic_sampling's
+        judged=("dcpo",),
     ),
     "critic_cost": Claim(
         claim="Dropping the critic (GRPO against PPO) lowers the step time at comparable reward.",

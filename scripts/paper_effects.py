@@ -162,7 +162,7 @@ def summarise(claim: Claim, runs: dict[str, dict[int, list[dict]]]) -> dict:
                 d_mean, d_half = mean_interval(diffs) if diffs else (math.nan, math.nan)
                 entry[metric]["paired_diff"] = {"by_seed": diffs, "mean": d_mean,
                                                 "half_width": d_half}  # fmt: skip
-                if metric == claim.metric:
+                if metric == claim.metric and arm in (claim.judged or claim.arms):
                     entry["verdict"] = verdict(diffs, claim.direction)
     return result
 
@@ -195,7 +195,11 @@ def markdown(key: str, claim: Claim, result: dict, seeds: int) -> str:
                 d = m["paired_diff"]
                 text += f" (vs {baseline}: {cell(d['mean'], d['half_width'])})"
             cells.append(text)
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {entry.get('verdict', 'baseline')} |")
+        lines.append(
+            f"| {arm} | "
+            + " | ".join(cells)
+            + f" | {entry.get('verdict', 'baseline' if arm == baseline else 'beside')} |"
+        )
     if "eval/accuracy before training" in result:
         lines += ["", f"eval/accuracy before training: {result['eval/accuracy before training']}"]
     return "\n".join(lines) + "\n"

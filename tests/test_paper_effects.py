@@ -38,7 +38,7 @@ def test_each_experiment_runs_on_the_tiny_model(tmp_path, key):
         for metric in (claim.metric, *claim.also):
             assert list(entry[metric]["by_seed"]) == ["0"], (arm, metric)
         # One seed cannot tell an effect from noise.
-        if arm != next(iter(claim.arms)):
+        if arm in (claim.judged or list(claim.arms)[1:]):
             assert entry["verdict"] == "inconclusive at this scale"
     assert (out / "curves.png").stat().st_size > 0
     assert claim.metric in (out / "result.md").read_text()
