@@ -260,10 +260,10 @@ def main() -> None:
         sweep = out / f"arm{i}"
         steps = 2 if args.smoke else claim.steps
         wanted = arm_overrides(claim, overrides, sweep, args.smoke)
-        if (before := ran_with(sweep)) is not None and not same_overrides(before, wanted):
+        if (ran := ran_with(sweep)) is not None and not same_overrides(ran, wanted):
             # The claim changed since: neither mix the two nor delete what ran.
             sys.exit(
-                f"paper_effects: {sweep} ran with {' '.join(before)}, but the arm {arm!r} is now "
+                f"paper_effects: {sweep} ran with {' '.join(ran)}, but the arm {arm!r} is now "
                 f"{' '.join(wanted)}. Move that directory away (or pass another --out) to run "
                 "the arm again."
             )
