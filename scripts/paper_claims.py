@@ -43,21 +43,28 @@ def rlcli(*args: str) -> None:
         sys.exit(f"paper_effects: `rlcli {' '.join(args)}` exited {done.returncode}")
 
 
+def evaluate_on_arith(run_dir: Path, smoke: bool, *model: str) -> None:
+    """`rlcli eval`: a model's greedy accuracy on 100 held-out arithmetic problems, into
+    RUN_DIR/eval.json (skipped when it is there); `model` names it (default: SmolLM2)."""
+    if (run_dir / "eval.json").exists():
+        return
+    tiny = ["sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
+    rlcli(
+        "eval", "data=arith", "eval.max_problems=100", "eval.k=1", "logger.progress=false",
+        *model, *tiny, f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+
+
 def dpo_pairs(data: Path, smoke: bool) -> None:
     """Claim 9's two sets of pairs over the same prompts. On-policy: `rlcli pairs`, the best and
     the worst of the model's own 8 replies to each of 384 arithmetic prompts (ties skipped).
     Offline: pairs nobody sampled, written for the same prompts: "A op B = answer" chosen
     against the same sum with a wrong answer (off by 1 to 10) rejected."""
     onpolicy, offline = data / "onpolicy.jsonl", data / "offline.jsonl"
-    tiny = ["model=tiny", "sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
-    if not (data / "before" / "eval.json").exists():  # the model both arms start from
-        rlcli(
-            "eval", "data=arith", "eval.max_problems=100", "eval.k=1", "logger.progress=false",
-            *tiny, f"hydra.run.dir={data / 'before'}",
-        )  # fmt: skip
+    evaluate_on_arith(data / "before", smoke, *(["model=tiny"] if smoke else []))  # the start
     if not onpolicy.exists():
         # The tiny model's replies are all wrong alike: a dense reward gives it pairs.
-        tiny += ["reward=space_rate"] if smoke else []
+        tiny = ["model=tiny", "sampler.max_new_tokens=16", "reward=space_rate"] if smoke else []
         rlcli(
             "pairs", "data=arith", "reward=math", "pairs.k=8", "logger.progress=false",
             f"data.num_train={16 if smoke else 384}", *tiny,

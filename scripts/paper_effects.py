@@ -25,29 +25,33 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from paper_claims import CLAIMS, Claim, rlcli
+from paper_claims import CLAIMS, Claim, evaluate_on_arith, rlcli
 
 from rlcli.sweep import mean_interval
 from rlcli.tracking.metrics import read_metrics
 
 
+def jobs(sweep: Path) -> list[Path]:
+    """A sweep's job directories. Not `rlcli.sweep.job_dirs`: that one searches every depth and
+    would count a job's own `rlcli eval` (JOB/after) as a job."""
+    return [p.parent.parent for p in sorted(sweep.glob("*/.hydra/overrides.yaml"))]
+
+
+def overrides_of(job: Path) -> list[str]:
+    return yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+
+
 def evaluate_run(job: Path, smoke: bool) -> None:
-    """The greedy accuracy of a run's last checkpoint on 100 held-out arithmetic problems, into
-    JOB/after/eval.json (skipped when it is there)."""
-    if (job / "after" / "eval.json").exists():
+    """The greedy accuracy of a run's last checkpoint, into JOB/after/eval.json."""
+    if (job / "after" / "eval.json").exists():  # checked first: the checkpoint goes once measured
         return
     last = max((job / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    tiny = ["sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
-    rlcli(
-        "eval", "data=arith", "eval.max_problems=100", "eval.k=1", "logger.progress=false",
-        f"model.path={last}", *tiny, f"hydra.run.dir={job / 'after'}",
-    )  # fmt: skip
+    evaluate_on_arith(job / "after", smoke, f"model.path={last}")
 
 
 # Overrides that turn an experiment into its smoke test: the tiny model, two short steps.
@@ -66,10 +70,10 @@ def arm_overrides(claim: Claim, arm: list[str], out: Path, smoke: bool) -> list[
 
 def ran_with(sweep: Path) -> list[str] | None:
     """The overrides an existing sweep's first job ran with, its seed left out."""
-    jobs = sorted(sweep.glob("*/.hydra/overrides.yaml"))
-    if not jobs:
+    found = jobs(sweep)
+    if not found:
         return None
-    return [o for o in yaml.safe_load(jobs[0].read_text()) if not o.startswith("trainer.seed=")]
+    return [o for o in overrides_of(found[0]) if not o.startswith("trainer.seed=")]
 
 
 def same_overrides(a: list[str], b: list[str]) -> bool:
@@ -81,25 +85,18 @@ def same_overrides(a: list[str], b: list[str]) -> bool:
 
 
 def run_arm(overrides: list[str], seeds: int, out: Path) -> None:
-    cmd = [
-        sys.executable, "-m", "rlcli", "train", "-m",
-        f"trainer.seed={','.join(str(s) for s in range(seeds))}",
+    rlcli(
+        "train", "-m", f"trainer.seed={','.join(str(s) for s in range(seeds))}",
         *overrides, f"hydra.sweep.dir={out}",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, check=False)
-    if done.returncode:
-        sys.exit(f"paper_effects: `{' '.join(cmd[2:])}` exited {done.returncode}")
+    )  # fmt: skip
 
 
 def runs_by_seed(sweep: Path) -> dict[int, list[dict]]:
     """Each job's metrics rows under a sweep directory, by its trainer.seed."""
     runs = {}
-    for overrides in sorted(sweep.glob("*/.hydra/overrides.yaml")):
-        job = overrides.parent.parent
+    for job in jobs(sweep):
         seed = next(
-            int(o.split("=", 1)[1])
-            for o in yaml.safe_load(overrides.read_text())
-            if o.startswith("trainer.seed=")
+            int(o.split("=", 1)[1]) for o in overrides_of(job) if o.startswith("trainer.seed=")
         )
         runs[seed] = with_sample_lengths(read_metrics(job), job / "samples.jsonl")
         after = job / "after" / "eval.json"
@@ -271,8 +268,7 @@ def main() -> None:
         # An arm whose every seed ran to the end is not run again (a later claim reuses it).
         if sorted(done) != list(range(seeds)) or any(len(r) < steps for r in done.values()):
             run_arm(wanted, seeds, sweep)
-        for overrides_file in sorted(sweep.glob("*/.hydra/overrides.yaml")):
-            job = overrides_file.parent.parent
+        for job in jobs(sweep):
             if claim.evaluate_after:
                 evaluate_run(job, args.smoke)
             if not args.keep_checkpoints:  # 1.5 GiB a run, and the claims read only the metrics
@@ -280,7 +276,7 @@ def main() -> None:
         runs[arm] = runs_by_seed(sweep)
     result = summarise(claim, runs)
     before = out / "data" / "before" / "eval.json"
-    if before.exists():  # the model the arms start from, evaluated as evaluate_run does
+    if before.exists():  # the model the arms start from, evaluated as each run is
         result["eval/accuracy before training"] = json.loads(before.read_text())["accuracy"]
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     text = markdown(args.claim, claim, result, seeds)
