@@ -48,7 +48,7 @@ def evaluate_on_arith(run_dir: Path, smoke: bool, *model: str) -> None:
     RUN_DIR/eval.json (skipped when it is there); `model` names it (default: SmolLM2)."""
     if (run_dir / "eval.json").exists():
         return
-    tiny = ["sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
+    tiny = ["sampler=hf", "sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
     rlcli(
         "eval", "data=arith", "eval.max_problems=100", "eval.k=1", "logger.progress=false",
         *model, *tiny, f"hydra.run.dir={run_dir}",
@@ -64,7 +64,8 @@ def dpo_pairs(data: Path, smoke: bool) -> None:
     evaluate_on_arith(data / "before", smoke, *(["model=tiny"] if smoke else []))  # the start
     if not onpolicy.exists():
         # The tiny model's replies are all wrong alike: a dense reward gives it pairs.
-        tiny = ["model=tiny", "sampler.max_new_tokens=16", "reward=space_rate"] if smoke else []
+        tiny = ["model=tiny", "sampler=hf", "sampler.max_new_tokens=16", "reward=space_rate"]
+        tiny = tiny if smoke else []
         rlcli(
             "pairs", "data=arith", "reward=math", "pairs.k=8", "logger.progress=false",
             f"data.num_train={16 if smoke else 384}", *tiny,

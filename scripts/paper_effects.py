@@ -54,8 +54,9 @@ def evaluate_run(job: Path, smoke: bool) -> None:
     evaluate_on_arith(job / "after", smoke, f"model.path={last}")
 
 
-# Overrides that turn an experiment into its smoke test: the tiny model, two short steps.
-SMOKE = ["model=tiny", "sampler.max_new_tokens=16", "trainer.max_steps=2"]
+# Overrides that turn an experiment into its smoke test: the tiny model, two short steps, sampled
+# by transformers (no vLLM engine to start, which would take most of the test's time).
+SMOKE = ["model=tiny", "sampler=hf", "sampler.max_new_tokens=16", "trainer.max_steps=2"]
 
 
 def arm_overrides(claim: Claim, arm: list[str], out: Path, smoke: bool) -> list[str]:
