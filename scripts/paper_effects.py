@@ -51,7 +51,13 @@ def evaluate_run(job: Path, smoke: bool) -> None:
     if (job / "after" / "eval.json").exists():  # checked first: the checkpoint goes once measured
         return
     last = max((job / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    evaluate_on_arith(job / "after", smoke, f"model.path={last}")
+    evaluate_on_arith(job / "after", smoke, path_override("model.path", last))
+
+
+def path_override(key: str, path: Path) -> str:
+    """KEY=PATH as one Hydra override. Quoted: a sweep's job directory holds an = (0_seed=0),
+    which Hydra's grammar would otherwise read as a second key=value."""
+    return f"{key}='{path}'"
 
 
 # Overrides that turn an experiment into its smoke test: the tiny model, two short steps, sampled

@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 from paper_effects import (  # noqa: E402
     CLAIMS,
+    path_override,
     run_value,
     same_overrides,
     verdict,
@@ -75,3 +76,12 @@ def test_an_arm_that_ran_with_other_overrides_is_told_apart_from_hydras_spelling
     assert same_overrides(ran, ["algo=grpo", "logger.progress=false", "trainer.lr=2e-5"])
     assert not same_overrides(ran, ["logger.progress=false", "trainer.lr=1e-4", "algo=grpo"])
     assert not same_overrides(ran, ["logger.progress=false", "trainer.lr=2e-5"])
+
+
+def test_a_checkpoint_path_inside_a_sweeps_job_directory_is_one_override():
+    # Three seeds put a job in 0_seed=0; one seed (the smoke tests) in 0, so only this catches it.
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    path = Path("/runs/dpo_pairs/arm0/0_seed=0/checkpoints/step_20")
+    (parsed,) = OverridesParser.create().parse_overrides([path_override("model.path", path)])
+    assert (parsed.key_or_group, parsed.value()) == ("model.path", str(path))
