@@ -35,6 +35,9 @@ class Claim:
     judged: tuple[str, ...] = ()
     # Measures a finished run further: the model's greedy held-out accuracy (`rlcli eval`).
     evaluate_after: bool = False
+    # Also plots the metric against the generation rounds sampled so far (batch/gen_batches
+    # summed), the cost axis of a claim whose arms sample different amounts per step.
+    by_rounds: bool = False
 
 
 def rlcli(*args: str) -> None:
@@ -126,6 +129,7 @@ CLAIMS = {
         base=[],
         also=("batch/gen_batches", "batch/response_utilisation"),
         smoke=("reward=space_rate", "algo.filter_metric=total"),
+        by_rounds=True,
     ),
     "overlong_shaping": Claim(
         claim="The soft overlong punishment and the overlong filter lower the share of "
@@ -141,7 +145,8 @@ CLAIMS = {
         steps=40,
         base=["sampler.max_new_tokens=32"],
         over="late",
-        also=("reward/mean", "response/length_mean"),
+        # reward/mean is not comparable across arms: reward=dapo scores -1/+1 and punishes.
+        also=("reward/math", "reward/mean", "response/length_mean"),
     ),
     "length_bias": Claim(
         claim="Under GRPO's per-response normalisation the wrong responses keep growing longer; "

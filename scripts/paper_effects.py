@@ -22,6 +22,7 @@ OUT/CLAIM/curves.png.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import shutil
@@ -105,11 +106,20 @@ def runs_by_seed(sweep: Path) -> dict[int, list[dict]]:
         seed = next(
             int(o.split("=", 1)[1]) for o in overrides_of(job) if o.startswith("trainer.seed=")
         )
-        runs[seed] = with_sample_lengths(read_metrics(job), job / "samples.jsonl")
+        runs[seed] = with_correctness(with_sample_lengths(read_metrics(job), job / "samples.jsonl"))
         after = job / "after" / "eval.json"
         if after.exists() and runs[seed]:
             runs[seed][-1]["eval/accuracy"] = json.loads(after.read_text())["accuracy"]
     return runs
+
+
+def with_correctness(rows: list[dict]) -> list[dict]:
+    """Gives a run under reward=dapo (math_pm1: +1 right, -1 wrong) the 0/1 reward/math the
+    other arms log, (math_pm1 + 1) / 2, so that their share of right answers compares."""
+    for row in rows:
+        if "reward/math_pm1" in row and "reward/math" not in row:
+            row["reward/math"] = (row["reward/math_pm1"] + 1) / 2
+    return rows
 
 
 def with_sample_lengths(rows: list[dict], samples: Path) -> list[dict]:
@@ -171,6 +181,28 @@ def summarise(claim: Claim, runs: dict[str, dict[int, list[dict]]]) -> dict:
     return result
 
 
+def rounds_so_far(rows: list[dict]) -> list[float]:
+    """The generation rounds a run had sampled by the end of each step (1 a step without
+    dynamic sampling)."""
+    return list(itertools.accumulate(r.get("batch/gen_batches", 1.0) for r in rows))
+
+
+def at_baseline_rounds(metric: str, runs: dict[str, dict[int, list[dict]]]) -> dict:
+    """Per arm, METRIC's mean over the steps whose generation rounds so far stay within the
+    baseline's whole run (the same seed's): the arms compared at the same sampling cost."""
+    baseline = next(iter(runs.values()))
+    out = {}
+    for arm, by_seed in runs.items():
+        values = {}
+        for seed, rows in by_seed.items():
+            budget = rounds_so_far(baseline[seed])[-1]
+            within = [r for n, r in zip(rounds_so_far(rows), rows, strict=True) if n <= budget]
+            values[seed] = run_value(within, metric, "all")
+        mean, half = mean_interval(list(values.values()))
+        out[arm] = {"by_seed": values, "mean": mean, "half_width": half}
+    return out
+
+
 def cell(mean: float, half: float) -> str:
     if math.isnan(mean):
         return ""
@@ -206,6 +238,9 @@ def markdown(key: str, claim: Claim, result: dict, seeds: int) -> str:
         )
     if "eval/accuracy before training" in result:
         lines += ["", f"eval/accuracy before training: {result['eval/accuracy before training']}"]
+    for arm, m in result.get("at the baseline's rounds", {}).items():
+        lines += ["", f"{claim.metric} of {arm} over the generation rounds the baseline sampled: "
+                  f"{cell(m['mean'], m['half_width'])} (by seed {m['by_seed']})"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -216,8 +251,9 @@ def plot(claim: Claim, runs: dict[str, dict[int, list[dict]]], path: Path) -> No
     import matplotlib.pyplot as plt
 
     metrics = (claim.metric, *claim.also)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.3), squeeze=False)
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    panels = len(metrics) + claim.by_rounds
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.3), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=False):
         for arm, by_seed in runs.items():
             steps = sorted({r["step"] for rows in by_seed.values() for r in rows if metric in r})
             means, lows, highs = [], [], []
@@ -232,6 +268,8 @@ def plot(claim: Claim, runs: dict[str, dict[int, list[dict]]], path: Path) -> No
         ax.set_title(metric)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    if claim.by_rounds:
+        plot_by_rounds(axes[0][-1], claim.metric, runs)
     axes[0][0].legend()
     fig.suptitle(f"{claim.source}: mean over seeds, 95% band", fontsize=9)
     fig.tight_layout()
@@ -282,6 +320,8 @@ def main() -> None:
                 shutil.rmtree(job / "checkpoints", ignore_errors=True)
         runs[arm] = runs_by_seed(sweep)
     result = summarise(claim, runs)
+    if claim.by_rounds:
+        result["at the baseline's rounds"] = at_baseline_rounds(claim.metric, runs)
     before = out / "data" / "before" / "eval.json"
     if before.exists():  # the model the arms start from, evaluated as each run is
         result["eval/accuracy before training"] = json.loads(before.read_text())["accuracy"]
@@ -290,6 +330,23 @@ def main() -> None:
     (out / "result.md").write_text(text)
     plot(claim, runs, out / "curves.png")
     print(text + f"\nwritten to {out}")
+
+
+def plot_by_rounds(ax, metric: str, runs: dict[str, dict[int, list[dict]]]) -> None:
+    """METRIC against the generation rounds sampled so far, one line per seed: the seeds of an
+    arm that samples until its groups differ reach a step after different numbers of rounds, so
+    there is no common x to average at."""
+    for colour, (arm, by_seed) in enumerate(runs.items()):
+        for seed, rows in sorted(by_seed.items()):
+            rounds = rounds_so_far(rows)
+            points = [(n, r[metric]) for n, r in zip(rounds, rows, strict=True) if metric in r]
+            x, y = zip(*points, strict=True)
+            ax.plot(x, y, color=f"C{colour}", alpha=0.6,
+                    label=arm if seed == min(by_seed) else None)  # fmt: skip
+    ax.set_title(f"{metric}, by generation round")
+    ax.set_xlabel("generation rounds so far")
+    ax.grid(alpha=0.3)
+    ax.legend()
 
 
 if __name__ == "__main__":

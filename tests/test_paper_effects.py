@@ -12,10 +12,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 from paper_effects import (  # noqa: E402
     CLAIMS,
+    at_baseline_rounds,
     path_override,
     run_value,
     same_overrides,
     verdict,
+    with_correctness,
     with_sample_lengths,
 )
 
@@ -85,3 +87,17 @@ def test_a_checkpoint_path_inside_a_sweeps_job_directory_is_one_override():
     path = Path("/runs/dpo_pairs/arm0/0_seed=0/checkpoints/step_20")
     (parsed,) = OverridesParser.create().parse_overrides([path_override("model.path", path)])
     assert (parsed.key_or_group, parsed.value()) == ("model.path", str(path))
+
+
+def test_arms_are_compared_within_the_generation_rounds_the_baseline_sampled():
+    grpo = [{"step": i + 1, "batch/gen_batches": 1.0, "m": m} for i, m in enumerate([0.1, 0.3])]
+    dynamic = [{"step": i + 1, "batch/gen_batches": n, "m": m}
+               for i, (n, m) in enumerate([(1.0, 0.5), (1.0, 0.7), (3.0, 0.9)])]  # fmt: skip
+    result = at_baseline_rounds("m", {"grpo": {0: grpo}, "dynamic": {0: dynamic}})
+    assert result["grpo"]["by_seed"] == {0: 0.2}
+    assert result["dynamic"]["by_seed"] == {0: 0.6}  # its third step needed rounds 3 to 5
+
+
+def test_dapos_plus_minus_one_reward_becomes_the_share_of_right_answers():
+    rows = with_correctness([{"reward/math_pm1": -0.5}, {"reward/math": 0.3}])
+    assert rows == [{"reward/math_pm1": -0.5, "reward/math": 0.25}, {"reward/math": 0.3}]

@@ -40,8 +40,9 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
                "before training (trainer.val_before_train).", EVERY),
     )),
     MetricGroup("reward/", "Rewards of the step's sampled responses (DPO: implicit rewards).", (
-        Metric("reward/mean", "Mean total reward of the responses trained on (failed rewards "
-               "left out)."),
+        Metric("reward/mean", "Mean total reward of every response sampled this step: under "
+               "dynamic sampling every round's, the dropped groups too (failed rewards left "
+               "out)."),
         Metric("reward/std", "Standard deviation of those totals."),
         Metric("reward/<component>", "Each reward component's own unweighted mean over every "
                "response sampled this step (`reward/math`, `reward/format`, `reward/overlong`, "
