@@ -46,16 +46,26 @@ def rlcli(*args: str) -> None:
         sys.exit(f"paper_effects: `rlcli {' '.join(args)}` exited {done.returncode}")
 
 
+def path_override(key: str, path: Path) -> str:
+    """KEY=PATH as one Hydra override. Quoted: a sweep's job directory holds an = (0_seed=0),
+    which Hydra's grammar would otherwise read as a second key=value."""
+    return f"{key}='{path}'"
+
+
+def evaluate_args(run_dir: Path, smoke: bool, *model: str) -> list[str]:
+    """`rlcli eval`'s arguments: greedy accuracy on 100 held-out arithmetic problems."""
+    tiny = ["sampler=hf", "sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
+    return [
+        "eval", "data=arith", "eval.max_problems=100", "eval.k=1", "logger.progress=false",
+        *model, *tiny, path_override("hydra.run.dir", run_dir),
+    ]  # fmt: skip
+
+
 def evaluate_on_arith(run_dir: Path, smoke: bool, *model: str) -> None:
     """`rlcli eval`: a model's greedy accuracy on 100 held-out arithmetic problems, into
     RUN_DIR/eval.json (skipped when it is there); `model` names it (default: SmolLM2)."""
-    if (run_dir / "eval.json").exists():
-        return
-    tiny = ["sampler=hf", "sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
-    rlcli(
-        "eval", "data=arith", "eval.max_problems=100", "eval.k=1", "logger.progress=false",
-        *model, *tiny, f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+    if not (run_dir / "eval.json").exists():
+        rlcli(*evaluate_args(run_dir, smoke, *model))
 
 
 def dpo_pairs(data: Path, smoke: bool) -> None:

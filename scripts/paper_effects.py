@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from paper_claims import CLAIMS, Claim, evaluate_on_arith, rlcli
+from paper_claims import CLAIMS, Claim, evaluate_on_arith, path_override, rlcli
 
 from rlcli.sweep import mean_interval
 from rlcli.tracking.metrics import read_metrics
@@ -53,12 +53,6 @@ def evaluate_run(job: Path, smoke: bool) -> None:
         return
     last = max((job / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     evaluate_on_arith(job / "after", smoke, path_override("model.path", last))
-
-
-def path_override(key: str, path: Path) -> str:
-    """KEY=PATH as one Hydra override. Quoted: a sweep's job directory holds an = (0_seed=0),
-    which Hydra's grammar would otherwise read as a second key=value."""
-    return f"{key}='{path}'"
 
 
 # Overrides that turn an experiment into its smoke test: the tiny model, two short steps, sampled

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+from paper_claims import evaluate_args, path_override  # noqa: E402
 from paper_effects import (  # noqa: E402
     CLAIMS,
     at_baseline_rounds,
-    path_override,
     run_value,
     same_overrides,
     verdict,
@@ -80,13 +80,17 @@ def test_an_arm_that_ran_with_other_overrides_is_told_apart_from_hydras_spelling
     assert not same_overrides(ran, ["logger.progress=false", "trainer.lr=2e-5"])
 
 
-def test_a_checkpoint_path_inside_a_sweeps_job_directory_is_one_override():
+def test_rlcli_evals_overrides_for_a_run_inside_a_sweeps_job_directory_parse():
     # Three seeds put a job in 0_seed=0; one seed (the smoke tests) in 0, so only this catches it.
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    path = Path("/runs/dpo_pairs/arm0/0_seed=0/checkpoints/step_20")
-    (parsed,) = OverridesParser.create().parse_overrides([path_override("model.path", path)])
-    assert (parsed.key_or_group, parsed.value()) == ("model.path", str(path))
+    job = Path("/runs/dpo_pairs/arm0/0_seed=0")
+    model = path_override("model.path", job / "checkpoints" / "step_20")
+    args = evaluate_args(job / "after", False, model)
+    parsed = OverridesParser.create().parse_overrides(args[1:])  # after the subcommand
+    values = {o.key_or_group: o.value() for o in parsed}
+    assert values["model.path"] == str(job / "checkpoints" / "step_20")
+    assert values["hydra.run.dir"] == str(job / "after")
 
 
 def test_arms_are_compared_within_the_generation_rounds_the_baseline_sampled():
