@@ -257,10 +257,13 @@ def plot(claim: Claim, runs: dict[str, dict[int, list[dict]]], path: Path) -> No
                 mean, half = mean_interval(values)
                 half = 0.0 if math.isnan(half) else half
                 means.append(mean), lows.append(mean - half), highs.append(mean + half)
-            ax.plot(steps, means, label=arm)
-            ax.fill_between(steps, lows, highs, alpha=0.2)
+            if len(steps) > 1:
+                ax.plot(steps, means, label=arm)
+                ax.fill_between(steps, lows, highs, alpha=0.2)
+            else:  # measured once, after training (rlcli eval): a point with its interval
+                ax.errorbar(arm, means, yerr=[means[0] - lows[0]], fmt="o", capsize=6, label=arm)
         ax.set_title(metric)
-        ax.set_xlabel("step")
+        ax.set_xlabel("step" if len(steps) != 1 else f"after step {steps[0]}")
         ax.grid(alpha=0.3)
     if claim.by_rounds:
         plot_by_rounds(axes[0][-1], claim.metric, runs)
