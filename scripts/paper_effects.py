@@ -257,11 +257,11 @@ def plot(claim: Claim, runs: dict[str, dict[int, list[dict]]], path: Path) -> No
                 mean, half = mean_interval(values)
                 half = 0.0 if math.isnan(half) else half
                 means.append(mean), lows.append(mean - half), highs.append(mean + half)
-            if len(steps) > 1:
+            if len(steps) == 1:  # measured once, after training (rlcli eval): a point and interval
+                ax.errorbar(arm, means, yerr=[means[0] - lows[0]], fmt="o", capsize=6, label=arm)
+            else:  # none when no run of the arm logged it (the smoke test's right answers)
                 ax.plot(steps, means, label=arm)
                 ax.fill_between(steps, lows, highs, alpha=0.2)
-            else:  # measured once, after training (rlcli eval): a point with its interval
-                ax.errorbar(arm, means, yerr=[means[0] - lows[0]], fmt="o", capsize=6, label=arm)
         ax.set_title(metric)
         ax.set_xlabel("step" if len(steps) != 1 else f"after step {steps[0]}")
         ax.grid(alpha=0.3)
