@@ -259,7 +259,7 @@ def plot(claim: Claim, runs: dict[str, dict[int, list[dict]]], path: Path) -> No
                 means.append(mean), lows.append(mean - half), highs.append(mean + half)
             if len(steps) == 1:  # measured once, after training (rlcli eval): a point and interval
                 ax.errorbar(arm, means, yerr=[means[0] - lows[0]], fmt="o", capsize=6, label=arm)
-            else:  # none when no run of the arm logged it (the smoke test's right answers)
+            else:  # a curve; or nothing, if no run of the arm logged it (smoke: right answers)
                 ax.plot(steps, means, label=arm)
                 ax.fill_between(steps, lows, highs, alpha=0.2)
         ax.set_title(metric)
