@@ -46,6 +46,11 @@ def rlcli(*args: str) -> None:
         sys.exit(f"paper_effects: `rlcli {' '.join(args)}` exited {done.returncode}")
 
 
+# How every smoke test samples (tests/test_paper_effects.py): with transformers, since starting
+# a vLLM engine would take most of the test's time, and only 16 tokens.
+TINY_SAMPLING = ["sampler=hf", "sampler.max_new_tokens=16"]
+
+
 def path_override(key: str, path: Path) -> str:
     """KEY=PATH as one Hydra override. Quoted: a sweep's job directory holds an = (0_seed=0),
     which Hydra's grammar would otherwise read as a second key=value."""
@@ -54,7 +59,7 @@ def path_override(key: str, path: Path) -> str:
 
 def evaluate_args(run_dir: Path, smoke: bool, *model: str) -> list[str]:
     """`rlcli eval`'s arguments: greedy accuracy on 100 held-out arithmetic problems."""
-    tiny = ["sampler=hf", "sampler.max_new_tokens=16", "eval.max_problems=8"] if smoke else []
+    tiny = [*TINY_SAMPLING, "eval.max_problems=8"] if smoke else []
     return [
         "eval", "data=arith", "eval.max_problems=100", "eval.k=1", "logger.progress=false",
         *model, *tiny, path_override("hydra.run.dir", run_dir),
@@ -77,8 +82,7 @@ def dpo_pairs(data: Path, smoke: bool) -> None:
     evaluate_on_arith(data / "before", smoke, *(["model=tiny"] if smoke else []))  # the start
     if not onpolicy.exists():
         # The tiny model's replies are all wrong alike: a dense reward gives it pairs.
-        tiny = ["model=tiny", "sampler=hf", "sampler.max_new_tokens=16", "reward=space_rate"]
-        tiny = tiny if smoke else []
+        tiny = ["model=tiny", *TINY_SAMPLING, "reward=space_rate"] if smoke else []
         rlcli(
             "pairs", "data=arith", "reward=math", "pairs.k=8", "logger.progress=false",
             f"data.num_train={16 if smoke else 384}", *tiny,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from paper_claims import CLAIMS, Claim, evaluate_on_arith, path_override, rlcli
+from paper_claims import CLAIMS, TINY_SAMPLING, Claim, evaluate_on_arith, path_override, rlcli
 
 from rlcli.sweep import mean_interval
 from rlcli.tracking.metrics import read_metrics
@@ -55,9 +55,8 @@ def evaluate_run(job: Path, smoke: bool) -> None:
     evaluate_on_arith(job / "after", smoke, path_override("model.path", last))
 
 
-# Overrides that turn an experiment into its smoke test: the tiny model, two short steps, sampled
-# by transformers (no vLLM engine to start, which would take most of the test's time).
-SMOKE = ["model=tiny", "sampler=hf", "sampler.max_new_tokens=16", "trainer.max_steps=2"]
+# Overrides that turn an experiment into its smoke test: the tiny model, two short steps.
+SMOKE = ["model=tiny", *TINY_SAMPLING, "trainer.max_steps=2"]
 
 
 def arm_overrides(claim: Claim, arm: list[str], out: Path, smoke: bool) -> list[str]:
