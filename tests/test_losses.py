@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
-from rlcli.ops.losses import LOSSES, SELECT, top_entropy_mask
+from rlcli.ops.losses import LOSSES, top_entropy_mask
 from rlcli.ops.pieces import piece, registrar, settings_problem
 from rlcli.ops.policy_loss import decoupled_bounds, sequence_ratio, token_ratio
 
@@ -86,13 +86,14 @@ def test_clip_cov_detaches_exactly_min_n_candidates_inside_the_bounds():
     adv = (torch.randn(40, dtype=torch.float64) * 3).tolist()
     x = inputs(logp, old.tolist(), adv)
     settings = {**LOSSES["clip_cov"].settings, "rho": 0.01}
-    chosen = SELECT["clip_cov"](x["advantages"], x["logp"], x["old_logp"], x["mask"], 0.2, 0.2,
-                                **settings)  # fmt: skip
+    r = torch.exp(x["logp"].detach() - x["old_logp"])
+    lo, hi = torch.full_like(r, 0.8), torch.full_like(r, 1.2)
+    chosen = LOSSES["clip_cov"].select(x["advantages"], x["logp"], x["mask"], r, lo, hi,
+                                       **settings)  # fmt: skip
     m = x["mask"].bool()
     cov = (x["advantages"] - x["advantages"][m].mean()) * (
         x["logp"].detach() - x["logp"].detach()[m].mean()
     )
-    r = torch.exp(x["logp"].detach() - x["old_logp"])
     binds = ((x["advantages"] > 0) & (r > 1.2)) | ((x["advantages"] < 0) & (r < 0.8))
     candidates = (cov > 1) & (cov < 5) & ~binds
     assert int(chosen.sum()) == min(int(0.01 * 2000), int(candidates.sum())) == 20
@@ -109,11 +110,11 @@ def test_kl_cov_penalises_the_largest_covariances_ties_to_the_earlier_token():
     # A = [1, -1] per response, logp rows [-1, -2, -3]: covariances [1, 0, -1] and [-1, 0, 1]
     x = inputs([[-1.0, -2.0, -3.0]] * 2, [[-1.5, -2.0, -3.0]] * 2, [1.0, -1.0])
     settings = LOSSES["kl_cov"].settings
-    one = SELECT["kl_cov"](*(x[k] for k in ("advantages", "logp", "old_logp", "mask")), 0.2, 0.2,
-                           **settings)  # fmt: skip
+    select = LOSSES["kl_cov"].select
+    unused = (None, None, None)  # KL-Cov's choice reads no ratio or clip
+    one = select(x["advantages"], x["logp"], x["mask"], *unused, **settings)
     assert one.nonzero().tolist() == [[0, 0]]  # n = max(1, floor(0.002 * 6)) = 1, the earlier
-    two = SELECT["kl_cov"](*(x[k] for k in ("advantages", "logp", "old_logp", "mask")), 0.2, 0.2,
-                           **{**settings, "rho": 0.34})  # fmt: skip
+    two = select(x["advantages"], x["logp"], x["mask"], *unused, **{**settings, "rho": 0.34})
     assert two.nonzero().tolist() == [[0, 0], [1, 2]]
     x["selected"] = one
     loss, metrics = LOSSES["kl_cov"].run({"coef": 2.0}, **x)
@@ -241,5 +242,6 @@ def test_remax_subtracts_the_greedy_responses_reward():
     x = advantage_inputs([1.0, 0.0, 0.5], [[1]] * 3, 1)
     x = AdvantageInputs(**{**x.__dict__, "greedy_scores": torch.tensor([0.5, 0.5, float("nan")])})
     adv, _ = ADVANTAGES["remax"](x)
-    assert adv.tolist() == [0.5, -0.5, 0.5]  # a failed greedy reward counts as 0
+    # a failed greedy reward leaves no baseline: no signal (not A = R, as a baseline of 0 gave)
+    assert adv.tolist() == [0.5, -0.5, 0.0]
     assert {"greedy", "response_advantage"} == set(ADVANTAGES["remax"].needs)

@@ -9,13 +9,14 @@ carries no learning signal, and float rounding in ``R - mean`` must not invent o
 function of one `AdvantageInputs`, returning (advantages, returns or None).
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from rlcli.ops.pieces import Piece, registrar
+from rlcli.ops.pieces import Piece, PieceError, advantage_output_problem, call_piece, registrar
 from rlcli.ops.sas import SasState, SasTracker, sas_advantages  # noqa: F401 - DCPO's, re-exported
 
 GRPO_EPS = 1e-6
@@ -218,6 +219,31 @@ def outcome(estimator: Callable[[Tensor, list[str]], Tensor]) -> Estimator:
     return entry
 
 
+def estimate(p: Piece, settings: dict, x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
+    """The estimator `p` on a copy of `x` (writing into its inputs changes nothing the step
+    reads after it), its output checked: a `PieceError` names it when it raises, returns
+    something else than (advantages [B] or [B, T], returns or None), or a non-finite
+    advantage for a scored response."""
+    copies = {
+        f.name: v.clone() if isinstance(v := getattr(x, f.name), Tensor) else v
+        for f in dataclasses.fields(x)
+    }
+    out = call_piece(p, "algo.advantage", settings, x=AdvantageInputs(**copies))
+    rows, width = x.mask.shape
+    problem = advantage_output_problem(out, rows, width, "response_advantage" in p.needs)
+    if problem is None:
+        scored = ~x.scores.isnan().to(out[0].device)
+        if not bool(torch.isfinite(out[0][scored]).all()):
+            problem = "a non-finite advantage (nan or inf) for a response whose reward was scored"
+    if problem is not None:
+        raise PieceError(
+            f"algo.advantage={p.name} returned {problem}. An estimator returns (advantages, "
+            f"returns or None), the advantages one per response, [{rows}], or per token, "
+            f"[{rows}, {width}], finite wherever the reward was scored."
+        )
+    return out
+
+
 ADVANTAGES: dict[str, Piece] = {}
 # `@register_advantage(name, needs=...)`: a function of one `AdvantageInputs` (named `x`) and
 # its settings (keyword-only, with defaults) returning (advantages [B] or [B, T], returns or
@@ -276,27 +302,31 @@ def process_advantages(x: AdvantageInputs) -> tuple[Tensor, None]:
 
 def whiten_tokens(values: Tensor, mask: Tensor) -> Tensor:
     """(v - mean) / sqrt(var + 1e-8) over every masked token of the batch, each weighing one,
-    var Bessel-corrected; 0 off the mask, and everywhere when fewer than 2 tokens count."""
+    var Bessel-corrected, computed in float64; 0 off the mask, and everywhere when fewer than 2
+    tokens count or all of them hold the same value."""
     m = mask.bool()
-    if int(m.sum()) < 2:
-        return torch.zeros_like(values)
-    values = values.float()
+    dtype = torch.promote_types(values.dtype, torch.float32)
     picked = values[m]
-    whitened = (values - picked.mean()) / torch.sqrt(picked.var() + 1e-8)
-    return torch.where(m, whitened, 0.0)
+    if picked.numel() < 2 or picked.amax() == picked.amin():  # no spread: exactly no signal
+        return torch.zeros_like(values, dtype=dtype)
+    # In float64: in float32 the mean's rounding, divided by a tiny std, invents advantages.
+    wide = values.double()
+    whitened = (wide - picked.double().mean()) / torch.sqrt(picked.double().var() + 1e-8)
+    return torch.where(m, whitened, 0.0).to(dtype)
 
 
-@register_advantage("reinforce_pp")
+@register_advantage("reinforce_pp", needs=("whole_batch",))
 def reinforce_pp(x: AdvantageInputs):
     """REINFORCE++ (arXiv 2501.03262): PPO's token-reward returns, whitened over the batch.
 
-    gamma 1; no critic, no groups."""
-    rewards = x.token_rewards * x.mask
-    returns = rewards.flip(-1).cumsum(-1).flip(-1)  # G_t = sum_{s >= t} r_s
+    G_t = sum_{s >= t} gamma^(s - t) r_s with gamma = algo.gamma (the paper's 1); no critic, no
+    groups."""
+    # GAE with no values and lambda 1 is exactly the discounted return, tool turns skipped.
+    returns, _ = gae(x.token_rewards, torch.zeros_like(x.token_rewards), x.mask, x.gamma, 1.0)
     return whiten_tokens(returns, x.mask), None
 
 
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", needs=("whole_batch",))
 def reinforce_pp_baseline(x: AdvantageInputs):
     """REINFORCE++-baseline: R minus its group's mean, whitened over the batch's tokens.
 
@@ -318,7 +348,10 @@ def opo(x: AdvantageInputs):
     weights = lengths * scored
     total = (weights * rewards.nan_to_num(0.0)).sum(-1, keepdim=True)
     baseline = total / weights.sum(-1, keepdim=True).clamp(min=1)
-    return torch.where(scored, rewards - baseline, 0.0).flatten(), None
+    low = torch.where(scored, rewards, torch.inf).amin(-1, keepdim=True)
+    high = torch.where(scored, rewards, -torch.inf).amax(-1, keepdim=True)
+    signal = scored & (low < high)  # equal rewards: exactly 0, whatever the weighted rounding
+    return torch.where(signal, rewards - baseline, 0.0).flatten(), None
 
 
 @register_advantage("remax", needs=("greedy", "response_advantage"))
@@ -326,12 +359,13 @@ def remax(x: AdvantageInputs):
     """ReMax (arXiv 2310.10505): R minus the reward of the policy's greedy response.
 
     The greedy response to the same prompt is sampled and scored in the same step and not
-    trained on; no groups needed."""
-    greedy = x.greedy_scores.to(x.scores.device).nan_to_num(0.0)
+    trained on; no groups needed. When the greedy reward failed there is no baseline: the
+    prompt's response gets 0, as an unscored one does."""
+    greedy = x.greedy_scores.to(x.scores.device)
     return (x.sequence_rewards - greedy).nan_to_num(0.0), None
 
 
-@register_advantage("gpg", needs=("groups", "response_advantage"))
+@register_advantage("gpg", needs=("groups", "response_advantage", "whole_batch"))
 def gpg(x: AdvantageInputs):
     """GPG (arXiv 2504.02546): alpha (R - group mean), alpha = B / max(1, B - M).
 

@@ -18,14 +18,13 @@ and its settings as keyword-only parameters with defaults (`algo.loss_settings`)
 pieces registered with ``needs=("response_advantage",)`` that return ``[B]``, per response
 (averaged over the responses that train); metrics are sums over masked tokens, reported per
 token under the piece's name. A piece that chooses tokens over the whole mini-batch (Clip-Cov,
-KL-Cov) also has a `SELECT` entry: ``(advantages, logp, old_logp, mask, eps_low, eps_high,
-**settings) -> bool [n, T]``, computed once per mini-batch from the current policy's detached
-log-probs, so the choice does not depend on how the mini-batch is split into passes.
+KL-Cov) is registered with its `select=`: ``(advantages, logp, mask, ratio, lo, hi, **settings)
+-> bool [n, T]``, computed once per mini-batch from the current policy's detached log-probs
+(ratio, lo and hi from `algo.ratio` and `algo.clip` over them), so the choice does not depend
+on how the mini-batch is split into passes. `check=` checks its settings before anything loads.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -39,7 +38,6 @@ LOSS_INPUTS = (
 )  # fmt: skip
 LOSSES: dict[str, Piece] = {}
 register_loss = registrar(LOSSES, LOSS_INPUTS)
-SELECT: dict[str, Callable] = {}  # loss name -> its mini-batch token selection
 
 
 def _sum(flags: Tensor, mask: Tensor) -> Tensor:
@@ -66,10 +64,25 @@ def cispo(*, logp, ratio, advantages, lo, hi, mask):
     return -weight * advantages * logp, {"cispo/capped": _sum(capped, mask)}
 
 
-@register_loss("sapo")
+def _positive(*names: str):
+    """A settings check: each of `names` must be > 0."""
+
+    def check(settings: dict) -> str | None:
+        for name in names:
+            if not settings[name] > 0:
+                return f"{name}={settings[name]!r} must be > 0."
+        return None
+
+    return check
+
+
+@register_loss("sapo", check=_positive("tau_pos", "tau_neg"))
 def sapo(*, ratio, advantages, mask, tau_pos: float = 1.0, tau_neg: float = 1.05):
     """SAPO: -(4/tau) sigmoid(tau (r - 1)) A, a soft gate instead of a hard clip."""
-    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
+    # Built in the loss's dtype: a float32 1.05 would be 1.0499999523 in a float64 loss.
+    tau = torch.where(
+        advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg)
+    )
     gate = 4.0 / tau * torch.sigmoid(tau * (ratio - 1.0))
     # how far the gate's slope has fallen from the plain gradient's 1 (0 at r = 1)
     slope = 4.0 * torch.sigmoid(tau * (ratio - 1.0)) * torch.sigmoid(-tau * (ratio - 1.0))
@@ -115,12 +128,18 @@ def _how_many(ratio: float, mask: Tensor) -> int:
     return max(1, int(ratio * float(mask.sum())))
 
 
-def clip_cov_select(advantages, logp, old_logp, mask, eps_low, eps_high, *, rho, lower, upper):
+def _share(settings: dict) -> str | None:
+    """A settings check: rho, the share of tokens chosen, lies in (0, 1]."""
+    rho = settings["rho"]
+    return None if 0 < rho <= 1 else f"rho={rho!r} must lie in (0, 1]: the share of tokens."
+
+
+def clip_cov_select(advantages, logp, mask, ratio, lo, hi, *, rho, lower, upper):
     """Clip-Cov: n = max(1, floor(rho N)) tokens at random among those whose covariance lies
-    strictly in (lower, upper) and whose clip does not already bind."""
+    strictly in (lower, upper) and whose clip does not already bind (under `algo.clip`'s
+    bounds lo, hi and `algo.ratio`'s ratio, the ones the loss clips with)."""
     cov = _covariance(advantages, logp, mask)
-    r = torch.exp(logp.detach() - old_logp)
-    binding = ((advantages > 0) & (r > 1 + eps_high)) | ((advantages < 0) & (r < 1 - eps_low))
+    binding = ((advantages > 0) & (ratio > hi)) | ((advantages < 0) & (ratio < lo))
     candidates = ((cov > lower) & (cov < upper) & ~binding & mask.bool()).flatten().nonzero()[:, 0]
     n = min(_how_many(rho, mask), len(candidates))
     chosen = candidates[torch.randperm(len(candidates), device=candidates.device)[:n]]
@@ -129,7 +148,16 @@ def clip_cov_select(advantages, logp, old_logp, mask, eps_low, eps_high, *, rho,
     return selected.view_as(mask)
 
 
-@register_loss("clip_cov", needs=("minibatch_stats",))
+def _clip_cov_settings(settings: dict) -> str | None:
+    if settings["lower"] >= settings["upper"]:
+        return (f"lower={settings['lower']!r} must be below upper={settings['upper']!r}: the "
+                "candidates' covariance lies strictly between them.")  # fmt: skip
+    return _share(settings)
+
+
+@register_loss(
+    "clip_cov", needs=("minibatch_stats",), check=_clip_cov_settings, select=clip_cov_select
+)
 def clip_cov(
     *, ratio, advantages, lo, hi, dual_clip, mask, selected,
     rho: float = 2e-4, lower: float = 1.0, upper: float = 5.0,
@@ -140,7 +168,7 @@ def clip_cov(
     return loss, {**_clip_metrics(low, high, dual, mask), "clip_cov/detached": _sum(selected, mask)}
 
 
-def kl_cov_select(advantages, logp, old_logp, mask, eps_low, eps_high, *, rho, coef):
+def kl_cov_select(advantages, logp, mask, ratio, lo, hi, *, rho, coef):
     """KL-Cov: the n = max(1, floor(rho N)) tokens of largest covariance, ties to the
     earlier token (row-major)."""
     cov = _covariance(advantages, logp, mask).flatten()
@@ -150,17 +178,13 @@ def kl_cov_select(advantages, logp, old_logp, mask, eps_low, eps_high, *, rho, c
     return selected.view_as(mask) & mask.bool()
 
 
-@register_loss("kl_cov", needs=("minibatch_stats",))
+@register_loss("kl_cov", needs=("minibatch_stats",), check=_share, select=kl_cov_select)
 def kl_cov(
     *, logp, old_logp, ratio, advantages, mask, selected, rho: float = 2e-3, coef: float = 1.0
 ):
     """KL-Cov: -r A on every token, plus coef |logp - old_logp| on the high-covariance ones."""
     penalty = coef * (logp - old_logp.detach()).abs() * selected.to(logp.dtype)
     return -ratio * advantages + penalty, {"kl_cov/penalised": _sum(selected, mask)}
-
-
-# Called with the mini-batch's tensors and the loss's settings, once per mini-batch.
-SELECT.update(clip_cov=clip_cov_select, kl_cov=kl_cov_select)
 
 
 def top_entropy_mask(entropy: Tensor, mask: Tensor, ratio: float) -> Tensor:

@@ -13,8 +13,13 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from rlcli.ops.pieces import Piece
-from rlcli.ops.policy_loss import StepCounts, kl_k3, truncated_is_weights
+from rlcli.ops.pieces import Piece, PieceError, call_piece, loss_output_problem
+from rlcli.ops.policy_loss import (
+    StepCounts,
+    kl_k3,
+    truncated_is_response_weights,
+    truncated_is_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -65,14 +70,15 @@ def policy_objective(
     over the step's responses that train, and the KL and entropy terms are then added with
     the chosen aggregation. w = min(exp(old_logp - sampler_logp), tis_cap) when obj.tis_cap
     is set (truncated importance sampling: the sampler, not the learner's old policy, drew
-    the tokens), else 1.
+    the tokens), else 1; for a loss per response w is the geometric mean of its tokens' ratios,
+    truncated the same way.
     """
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     ratio = obj.ratio(logp, old_logp, mask)
     lo, hi = obj.bounds(old_logp)
     m = mask.to(logp.dtype)
-    per_token, own = obj.loss.run(
-        obj.loss_settings,
+    per_token, own = loss_of(
+        obj,
         logp=logp,
         old_logp=old_logp,
         ref_logp=ref_logp,
@@ -82,14 +88,17 @@ def policy_objective(
         ratio=ratio,
         lo=lo,
         hi=hi,
-        eps_low=obj.eps_low,
-        eps_high=obj.eps_high,
-        dual_clip=obj.dual_clip,
         selected=selected,
     )
-    if sampler_logp is not None and obj.tis_cap is not None and per_token.dim() == 2:
-        per_token = per_token * truncated_is_weights(old_logp, sampler_logp, obj.tis_cap)
+    if sampler_logp is not None and obj.tis_cap is not None:
+        if per_token.dim() == 2:
+            weights = truncated_is_weights(old_logp, sampler_logp, obj.tis_cap)
+        else:
+            weights = truncated_is_response_weights(old_logp, sampler_logp, m, obj.tis_cap)
+        per_token = per_token * weights
     if trained is not None:
+        if per_token.dim() == 1:  # validation refuses the pair before anything loads
+            raise ValueError("top-entropy tokens choose among per-token losses, not per-response")
         per_token = per_token * trained.to(per_token.dtype)
     log_ratio = (logp - old_logp).detach()
     sums = {
@@ -116,3 +125,26 @@ def policy_objective(
         per_token = per_token - obj.entropy_coef * entropy
     loss = obj.aggregate(per_token, mask, counts)
     return (loss if response_loss is None else response_loss + loss), sums
+
+
+def loss_of(obj: Objective, **tensors: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss piece on copies of the micro-batch's tensors (a piece that writes into its
+    inputs cannot change what the objective and its metrics read after it), its output
+    checked: a `PieceError` names the piece when it raises or returns something else than
+    (loss [B, T], or [B] for a loss per response, with a gradient; {name: 0-dim tensor})."""
+    copies = {k: None if v is None else v.clone() for k, v in tensors.items()}
+    scalars = dict(eps_low=obj.eps_low, eps_high=obj.eps_high, dual_clip=obj.dual_clip)
+    out = call_piece(obj.loss, "algo.loss", obj.loss_settings, **copies, **scalars)
+    logp = tensors["logp"]
+    per_response = "response_advantage" in obj.loss.needs
+    shape = tuple(logp.shape[:1]) if per_response else tuple(logp.shape)
+    problem = loss_output_problem(out, shape, logp.requires_grad)
+    if problem is not None:
+        what = "[B] (one loss per response)" if per_response else "[B, T] (one per token)"
+        raise PieceError(
+            f"algo.loss={obj.loss.name} returned {problem}. A loss returns (loss, metrics): the "
+            f"loss as a tensor of shape {what}, computed from logp so it has a gradient, and "
+            "metrics as a dict of name -> one-number tensor (sums over masked tokens; {} for "
+            "none)."
+        )
+    return out

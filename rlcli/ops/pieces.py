@@ -14,7 +14,13 @@ there. `needs` says what the run must provide:
 - ``reference``: the reference model's log-probs;
 - ``minibatch_stats``: the current policy's log-probs and entropies over the whole
   mini-batch before its passes (a selection that must not depend on how it is split);
-- ``step_rewards``: a reward per reasoning step (`reward=process`).
+- ``step_rewards``: a reward per reasoning step (`reward=process`);
+- ``whole_batch``: statistics over the whole batch (whitening, counts), which are not gathered
+  across torchrun ranks yet, so the piece runs in one process only.
+
+A piece may also bring a `check` of its settings (``settings -> why they are invalid, or
+None``), run before anything loads, and a loss its mini-batch token `select`ion (Clip-Cov,
+KL-Cov: `ops.losses`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass, field
 
 NEEDS = (
     "critic", "groups", "response_advantage", "greedy", "reference", "minibatch_stats",
-    "step_rewards",
+    "step_rewards", "whole_batch",
 )  # fmt: skip
 
 
@@ -39,6 +45,9 @@ class Piece:
     settings: dict[str, object]  # its own settings, name -> default
     needs: frozenset[str] = field(default_factory=frozenset)
     doc: str = ""  # its docstring's first line, for --help
+    # settings -> why they are invalid, a sentence starting "key=value ...", or None
+    check: Callable[[dict], str | None] | None = None
+    select: Callable | None = None  # a loss's token selection over the mini-batch
 
     def __call__(self, *args, **kwargs):
         """The function itself, called as written."""
@@ -50,7 +59,9 @@ class Piece:
         return self.fn(**{k: available[k] for k in self.inputs}, **{**self.settings, **settings})
 
 
-def piece(name: str, fn: Callable, inputs: tuple[str, ...], needs=()) -> Piece:
+def piece(
+    name: str, fn: Callable, inputs: tuple[str, ...], needs=(), check=None, select=None
+) -> Piece:
     """A `Piece` from `fn`'s signature; ValueError if it takes something that is neither an
     input nor a setting with a default."""
     unknown = set(needs) - set(NEEDS)
@@ -68,17 +79,18 @@ def piece(name: str, fn: Callable, inputs: tuple[str, ...], needs=()) -> Piece:
                 "nor a keyword-only setting with a default (def f(..., *, name=default))"
             )
     doc = (inspect.getdoc(fn) or "").split("\n")[0]
-    return Piece(name, fn, frozenset(taken), settings, frozenset(needs), doc)
+    return Piece(name, fn, frozenset(taken), settings, frozenset(needs), doc, check, select)
 
 
 def registrar(registry: dict[str, Piece], inputs: tuple[str, ...]):
-    """A decorator `register(name, needs=...)` that adds a function to `registry`."""
+    """A decorator `register(name, needs=..., check=..., select=...)` that adds a function to
+    `registry`."""
 
-    def register(name: str, *, needs=()):
+    def register(name: str, *, needs=(), check=None, select=None):
         def add(fn: Callable) -> Callable:
             if name in registry:
                 raise ValueError(f"a piece named {name!r} is registered already")
-            registry[name] = piece(name, fn, inputs, needs)
+            registry[name] = piece(name, fn, inputs, needs, check, select)
             return fn
 
         return add
@@ -104,4 +116,74 @@ def settings_problem(p: Piece, given: dict, where: str) -> str | None:
         if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
             if not value.is_integer():
                 return f"{where}.{key}={value!r} must be a whole number, like {default!r}."
+    why = p.check({**p.settings, **given}) if p.check is not None else None
+    return f"{where}.{why}" if why else None
+
+
+class PieceError(Exception):
+    """A piece (most often a researcher's own, from a file) raised or returned something the
+    objective cannot use; `str(self)` names it and says what was expected. `updated` says
+    whether an optimiser step of the current training step had already happened."""
+
+    updated: bool = False
+
+
+def _where(err: BaseException) -> str:
+    """file:line of the innermost frame of `err`'s traceback: the line in the user's file."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+
+
+def call_piece(p: Piece, key: str, settings: dict, **available):
+    """`p.run(settings, **available)`, with anything it raises turned into a `PieceError`
+    naming `key`={p.name} and where it raised."""
+    try:
+        return p.run(settings, **available)
+    except Exception as err:  # noqa: BLE001 - the piece may be a user's code
+        raise PieceError(
+            f"{key}={p.name} raised {type(err).__name__}: {err}{_where(err)}. Fix the function "
+            '(the Algorithms page\'s "Your own loss or estimator" says what it receives).'
+        ) from err
+
+
+def loss_output_problem(out, shape: tuple[int, ...], with_grad: bool) -> str | None:
+    """Why `out` is not what a loss returns, `(loss of `shape`, {name: one-number tensor})`
+    with the loss carrying a gradient when `with_grad`, as a phrase, or None."""
+    import torch  # here, so that the registry's readers before Hydra need no torch
+
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return f"a {type(out).__name__}, not a pair (loss, metrics)"
+    loss, metrics = out
+    if not isinstance(loss, torch.Tensor):
+        return f"a loss of type {type(loss).__name__}, not a tensor"
+    if tuple(loss.shape) != shape:
+        return f"a loss of shape {list(loss.shape)} where {list(shape)} was expected"
+    if with_grad and not loss.requires_grad:
+        return "a loss with no gradient (built from detached tensors, .item() or .tolist()?)"
+    if not isinstance(metrics, dict):
+        return f"metrics of type {type(metrics).__name__}, not a dict"
+    for name, value in metrics.items():
+        if not (isinstance(value, torch.Tensor) and value.numel() == 1):
+            return f"the metric {name!r} as a {type(value).__name__}, not a one-number tensor"
+    return None
+
+
+def advantage_output_problem(out, rows: int, width: int, per_response: bool) -> str | None:
+    """Why `out` is not what an estimator returns, `(advantages [rows] or [rows, width],
+    returns [rows, width] or None)`, as a phrase, or None."""
+    import torch
+
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return f"a {type(out).__name__}, not a pair (advantages, returns or None)"
+    advantages, returns = out
+    shapes = [(rows,)] if per_response else [(rows,), (rows, width)]
+    if not isinstance(advantages, torch.Tensor):
+        return f"advantages of type {type(advantages).__name__}, not a tensor"
+    if tuple(advantages.shape) not in shapes:
+        wanted = " or ".join(str(list(s)) for s in shapes)
+        return f"advantages of shape {list(advantages.shape)} where {wanted} was expected"
+    if not (returns is None or isinstance(returns, torch.Tensor)):
+        return f"returns of type {type(returns).__name__}, not a tensor or None"
     return None

@@ -249,6 +249,19 @@ def truncated_is_weights(old_logp_learner: Tensor, logp_sampler: Tensor, cap: fl
     return torch.exp(old_logp_learner - logp_sampler).clamp(max=cap).detach()
 
 
+def truncated_is_response_weights(
+    old_logp_learner: Tensor, logp_sampler: Tensor, mask: Tensor, cap: float
+) -> Tensor:
+    """The same for a loss per response (GMPO, LUSPO): ``min(exp(mean_t mask*(old_logp_learner
+    - logp_sampler)), cap)``, the geometric mean of the token weights (the length-normalised
+    sequence ratio of GSPO's, as those losses' own ratios are), detached.  # [B]"""
+    return (
+        torch.exp(_sequence_log_ratio(old_logp_learner, logp_sampler, mask)[:, 0])
+        .clamp(max=cap)
+        .detach()
+    )
+
+
 def dpo_loss(
     policy_chosen: Tensor,
     policy_rejected: Tensor,

@@ -18,8 +18,9 @@ from torch import Tensor, nn
 
 from rlcli.config import AlgoConfig, ConfigError, SamplerConfig
 from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
-from rlcli.ops.losses import SELECT, top_entropy_mask
+from rlcli.ops.losses import top_entropy_mask
 from rlcli.ops.objective import Objective, policy_objective
+from rlcli.ops.pieces import PieceError
 from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS, StepCounts
 from rlcli.rollout.batch import Rollout
 from rlcli.runtime import distributed
@@ -55,7 +56,7 @@ def objective_from_config(algo: AlgoConfig, sampler: SamplerConfig, norm_len: in
         eps_low=algo.eps_low,
         eps_high=algo.eps_high,
         loss_settings=dict(algo.loss_settings),
-        select=SELECT.get(loss.name) if "minibatch_stats" in loss.needs else None,
+        select=loss.select if "minibatch_stats" in loss.needs else None,
         top_entropy=algo.top_entropy,
         temperature=sampler.temperature,
         tis_cap=sampler.tis_cap if sampler.old_logp == "sampler" else None,
@@ -231,18 +232,22 @@ def learn(
             sampled = None if sampler_logp is None else sampler_logp[idx, :t]
             # Per-token advantages (GAE, process rewards) are cut to the micro-batch's width.
             adv = advantages[idx] if advantages.dim() == 1 else advantages[idx, :t]
-            loss, sums = policy_objective(
-                obj,
-                logp,
-                old,
-                ref,
-                adv,
-                mask,
-                entropy,
-                counts,
-                sampled,
-                **{key: rows[idx, :t] for key, rows in chosen.items()},
-            )
+            try:
+                loss, sums = policy_objective(
+                    obj,
+                    logp,
+                    old,
+                    ref,
+                    adv,
+                    mask,
+                    entropy,
+                    counts,
+                    sampled,
+                    **{key: rows[idx, :t] for key, rows in chosen.items()},
+                )
+            except PieceError as err:
+                err.updated = len(grad_norms) > skipped  # an optimiser step of this batch ran
+                raise
             loss.backward()
             loss = loss.detach()
             step_loss += loss.item()
@@ -308,7 +313,9 @@ def minibatch_choices(model, obj: Objective, batch: TrainBatch, mini: Tensor, pl
     chosen = {}
     if obj.select is not None:
         settings = {**obj.loss.settings, **obj.loss_settings}
-        picked = obj.select(adv, logp[mini], old, mask, obj.eps_low, obj.eps_high, **settings)
+        lo, hi = obj.bounds(old)  # the clip the loss applies, so "already clipped" is its own
+        ratio = obj.ratio(logp[mini], old, mask)
+        picked = obj.select(adv, logp[mini], mask, ratio, lo, hi, **settings)
         chosen["selected"] = torch.zeros_like(rollout.response_mask, dtype=torch.bool)
         chosen["selected"][mini] = picked
     if obj.top_entropy > 0:

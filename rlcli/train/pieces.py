@@ -17,10 +17,15 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from rlcli.config import ConfigError
-from rlcli.ops.advantages import ADVANTAGES
+import torch
+from omegaconf import OmegaConf
+
+from rlcli.config import CONF_DIR, ConfigError
+from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs, estimate
 from rlcli.ops.losses import LOSS_INPUTS, LOSSES
-from rlcli.ops.pieces import Piece, piece, settings_problem
+from rlcli.ops.objective import loss_of
+from rlcli.ops.pieces import Piece, PieceError, piece, settings_problem
+from rlcli.ops.policy_loss import CLIP_BOUNDS, RATIOS
 
 
 def is_file_spec(name: str) -> bool:
@@ -125,6 +130,107 @@ def check_pieces(cfg) -> None:
         raise ConfigError(
             f"algo.top_entropy={algo.top_entropy} must lie in [0, 1]: the share of tokens, "
             "highest entropy first, that carry the policy loss (0 = all of them)."
+        )
+    if algo.top_entropy > 0 and "response_advantage" in loss.needs:
+        raise ConfigError(
+            f"algo.top_entropy={algo.top_entropy} chooses the tokens that carry a per-token "
+            f"loss, but algo.loss={algo.loss} gives one loss per response (its sequence ratio "
+            "spans every token), so there is no token's loss to keep or drop. Use a per-token "
+            "loss (ppo_clip, cispo, sapo, clip_cov, kl_cov, gpg) or algo.top_entropy=0."
+        )
+    check_clip_fields(algo, loss)
+    if not {"ratio", "old_logp"} & loss.inputs and trainer.mini_batches * trainer.epochs > 1:
+        raise ConfigError(
+            f"algo.loss={algo.loss} reads no importance ratio (neither ratio nor old_logp), so "
+            "it is right only on samples of the policy being updated; with trainer.mini_batches"
+            f"={trainer.mini_batches} and trainer.epochs={trainer.epochs} every update after "
+            "the first learns from an older policy's samples with no correction. Use "
+            "trainer.mini_batches=1 trainer.epochs=1, or a loss with a ratio (ppo_clip)."
+        )
+    if is_file_spec(algo.loss) or is_file_spec(algo.advantage):
+        try:
+            try_user_pieces(cfg, loss, estimator)
+        except PieceError as err:
+            raise ConfigError(
+                f"{err} (rlcli tried it on a small made-up batch before loading anything.)"
+            ) from None
+
+
+# The inputs through which a loss reads each clip setting of `algo`.
+CLIP_READERS = {
+    "ratio": {"ratio"},
+    "clip": {"lo", "hi"},
+    "eps_low": {"lo", "hi", "eps_low"},
+    "eps_high": {"eps_high"},  # and lo, hi unless the clip is symmetric (1 +- eps_low)
+    "dual_clip": {"dual_clip"},
+}
+
+
+def check_clip_fields(algo, loss: Piece) -> None:
+    """A clip setting changed from its default (`conf/algo_base.yaml`) that the loss does not
+    read is refused: a run that silently ignores it compares a config with itself."""
+    base = OmegaConf.load(CONF_DIR / "algo_base.yaml")
+    for field, readers in CLIP_READERS.items():
+        if field == "eps_high" and algo.clip != "symmetric":
+            readers = readers | {"lo", "hi"}
+        value = getattr(algo, field)
+        if readers & loss.inputs or value == base[field]:
+            continue
+        if field == "eps_high" and {"lo", "hi"} & loss.inputs:
+            why = (
+                "algo.clip=symmetric bounds the ratio by 1 +- eps_low on both sides; for a "
+                "separate upper width use algo.clip=decoupled (DAPO's clip-higher)"
+            )
+        else:
+            why = (
+                f"algo.loss={algo.loss} reads only {', '.join(sorted(loss.inputs))}, so it "
+                f"never uses algo.{field}; leave it at {base[field]}"
+            )
+        raise ConfigError(f"algo.{field}={value} would be ignored: {why}.")
+
+
+def try_user_pieces(cfg, loss: Piece, estimator: Piece) -> None:
+    """A researcher's own loss and estimator called once on a made-up batch (2 prompts x 2
+    responses x 3 tokens, float32), so that one that raises or returns the wrong thing stops
+    the run before a model loads; `PieceError` names it."""
+    algo = cfg.algo
+    gen = torch.Generator().manual_seed(0)
+    rows, width, group = 4, 3, 2
+    mask = torch.ones(rows, width)
+    mask[1, 2] = 0.0  # a shorter response
+    if is_file_spec(algo.advantage):
+        x = AdvantageInputs(
+            scores=torch.tensor([1.0, 0.0, 0.5, 0.0]),
+            kl_penalty=torch.zeros(rows, width),
+            mask=mask,
+            group_size=group,
+            prompt_ids=["a", "a", "b", "b"],
+            values=torch.zeros(rows, width),
+            step_rewards=torch.full((rows, width), torch.nan),
+            lengths=mask.sum(-1),
+            greedy_scores=torch.tensor([0.5, 0.5, 0.0, 0.0]),
+        )
+        estimate(estimator, dict(algo.advantage_settings), x)
+    if is_file_spec(algo.loss):
+        old = -torch.rand(rows, width, generator=gen) - 0.5
+        logp = (old + 0.1 * torch.randn(rows, width, generator=gen)).requires_grad_()
+        lo, hi = CLIP_BOUNDS[algo.clip](old, eps_low=algo.eps_low, eps_high=algo.eps_high)
+        per_response = "response_advantage" in loss.needs
+        advantages = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(rows, width)
+        from rlcli.train.learner import objective_from_config  # the learner imports this module
+
+        loss_of(
+            objective_from_config(algo, cfg.sampler, algo.norm_len or 1),
+            logp=logp,
+            old_logp=old,
+            ref_logp=old.clone(),
+            advantages=advantages,
+            mask=mask,
+            entropy=torch.rand(rows, width, generator=gen),
+            ratio=RATIOS[algo.ratio](logp, old, mask),
+            lo=lo,
+            hi=hi,
+            selected=torch.zeros(rows, width, dtype=torch.bool) if not per_response else None,
         )
 
 
