@@ -53,11 +53,12 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _check_writable(argv: list[str]) -> None:
+def _check_writable(argv: list[str]) -> Path | None:
     """Fail before Hydra starts when the run directory cannot be written: Hydra would stop at
-    its first file there with a traceback."""
+    its first file there with a traceback. Returns the directory a single run names with
+    hydra.run.dir=, as Hydra will read it (None for a sweep, the default, an interpolation)."""
     if any(a in ("--help", "-h", "--hydra-help", "--info", "-c", "--cfg") for a in argv):
-        return  # Hydra prints and writes nothing
+        return None  # Hydra prints and writes nothing
     sweep = "-m" in argv or "--multirun" in argv
     key = "hydra.sweep.dir=" if sweep else "hydra.run.dir="
     given = next((a.split("=", 1)[1] for a in argv if a.startswith(key)), None)
@@ -73,6 +74,8 @@ def _check_writable(argv: list[str]) -> None:
             "this user). A run writes its config, metrics and checkpoints there; choose a "
             f"writable directory with {key}DIR."
         )
+    plain = given and not sweep and not any(c in given for c in "${}'\"\\")
+    return Path(given) if plain else None
 
 
 def _job(raw, work) -> None:
@@ -211,14 +214,19 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     import hydra
 
     from rlcli.config import CONF_DIR, ConfigError
+    from rlcli.config.free_form import settable
     from rlcli.config.overrides import check_overrides, check_syntax
     from rlcli.recipes import check_recipe_choices, register_recipes
+    from rlcli.train.run_dir import claim
     from rlcli.validate import with_default_sampler
 
     # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how). An
     # unknown recipe, group choice or key is named here, with the valid ones, before Hydra
     # starts: Hydra's own messages for them run to many lines.
     register_recipes()
+    if "--version" in argv or "-V" in argv:  # Hydra's own flag would print Hydra's version
+        print(version_line())
+        return
     asks_help, topic, argv = help_request(argv)
     try:
         check_syntax(split_flags(argv)[1])
@@ -227,7 +235,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     except ConfigError as err:
         _fail(str(err))
     if asks_help:
-        _help(topic, split_flags(argv)[1])
+        _help(topic, settable(split_flags(argv)[1]))
         return
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
         a.startswith("hydra.run.dir=") for a in argv
@@ -237,11 +245,12 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
             f"under torchrun, rlcli {name} needs hydra.run.dir=DIR, so that every process "
             "writes to the same run directory."
         )
-    _check_writable(argv)
+    named = _check_writable(argv)
     added = with_default_sampler(argv)[len(argv) :]
     if added:
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)
     flags, overrides = split_flags(argv)
+    overrides = settable(overrides)  # a piece's setting, with or without + (config/free_form)
     # A sweep names each job's folder by the overrides that vary across it (rlcli/sweep.py).
     from omegaconf import OmegaConf
 
@@ -251,10 +260,18 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     if "-m" in flags or "--multirun" in flags:
         added += fixed_keys_override([*added, *overrides])
     sys.argv = [f"rlcli {name}", *flags, f"hydra.job.name={name}", *added, *overrides]
+    # The run directory's lock, before Hydra writes .hydra/ there: a run refused by it would
+    # first have rewritten the running one's .hydra/config.yaml. `_job` holds it on (re-entrant).
+    task = shlex.join([*added, *overrides])
+    early = named and os.environ.get("RANK", "0") == "0"
+    hydra_files = (".hydra", f"{name}.log")  # left from an earlier start that failed to validate
     try:
-        hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(
-            lambda raw: _job(raw, work)
-        )()
+        with claim(named, f"rlcli {name} {task}", hydra_files) if early else nullcontext():
+            hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(
+                lambda raw: _job(raw, work)
+            )()
+    except ConfigError as err:  # the lock held by another run (`_job` handles its own)
+        _fail(str(err))
     finally:
         # Hydra keeps the job's config in a singleton: code run later in this process (tests,
         # the Python API) must not take that finished job's directories for its own.

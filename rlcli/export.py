@@ -72,10 +72,13 @@ def export_command(argv: list[str]) -> None:
     _no_progress_bars()
     try:
         export_merged(source, out, args.dtype)
-    # A full disk midway (safetensors reports it as its own error): no half-written model is
-    # left behind.
-    except (OSError, SafetensorError) as err:
+    # Whatever stops it midway leaves no half-written model behind: a full disk is an OSError
+    # from torch, a SafetensorError, or a plain Exception from the tokenizers library (its
+    # tokenizer.json cut short beside a complete model.safetensors); Ctrl-C as well.
+    except BaseException as err:
         _remove_written(out, made)
+        if not isinstance(err, Exception):
+            raise
         raise ConfigError(_unwritable(out, err)) from None
     print(f"rlcli: wrote a Hugging Face model to {out} (load it with model.path={out})")
 
@@ -108,6 +111,12 @@ def _unwritable(out: Path, err: Exception) -> str:
     what = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if isinstance(err, OSError) and err.strerror and err.filename:
         what = f"{err.strerror} ({err.filename})"
+    # The tokenizers library's errors carry the OS's words ("... (os error 28)"), not a type.
+    if not isinstance(err, OSError | SafetensorError) and "os error" not in what:
+        return (
+            f"the export to {out} failed: {type(err).__name__}: {what}. Nothing was exported "
+            "and the checkpoint is unchanged."
+        )
     return (
         f"{out} cannot be written: {what}. Nothing was exported and the checkpoint is "
         "unchanged; name a directory on a writable disk with room for the model."

@@ -269,6 +269,8 @@ def _check_world(cfg: Config) -> None:
     unsupported = {
         "algo=dpo (preference pairs)": cfg.algo.objective == "dpo",
         f"algo.advantage={cfg.algo.advantage} (a critic)": needs(cfg, "critic"),
+        f"algo.advantage={cfg.algo.advantage} (statistics over the whole batch: whitening, "
+        "counts of flat groups)": needs(cfg, "whole_batch"),
         "algo.ptx_coef > 0": cfg.algo.ptx_coef > 0,
         f"algo.loss={cfg.algo.loss} or algo.top_entropy > 0 (tokens chosen over the whole "
         "mini-batch)": choose_over_minibatch(cfg),
@@ -279,7 +281,7 @@ def _check_world(cfg: Config) -> None:
             raise ConfigError(
                 f"{what} runs in one process only for now, but torchrun started {world}; run "
                 "it without torchrun, or pick one of the group-based algorithms (grpo, "
-                "dr_grpo, dapo, dupo, gspo, dcpo, rloo)."
+                "dr_grpo, dapo, dupo, gspo, dcpo, rloo, opo)."
             )
 
 

@@ -238,6 +238,50 @@ BAD_INPUTS = [
              "may take to start, answer or take new weights, so it must be > 0"),
     BadInput("rollout-server port out of range", ["sampler.serve_port=70000"],
              "sampler.serve_port=70000 is not a TCP port: choose one in 1-65535"),
+    BadInput("polynomial schedule with a negative power",
+             ["trainer.lr_scheduler=polynomial", "+trainer.lr_scheduler_kwargs.power=-1"],
+             "cannot be computed at the scheduler's step after the run's last update"),
+    BadInput("polynomial schedule with a warm-up as long as the run",
+             ["trainer.lr_scheduler=polynomial", "trainer.warmup_steps=1"],
+             "power >= 0 and trainer.warmup_steps below trainer.max_steps"),
+    BadInput("polynomial schedule ending below 0",
+             ["trainer.lr_scheduler=polynomial", "+trainer.lr_scheduler_kwargs.lr_end=-1e-4"],
+             "gives a learning rate of"),
+    BadInput("inverse_sqrt schedule with timescale 0",
+             ["trainer.lr_scheduler=inverse_sqrt", "+trainer.lr_scheduler_kwargs.timescale=0"],
+             "cannot be built: ZeroDivisionError: division by zero. Valid: timescale > 0."),
+    BadInput("cosine_with_min_lr with a negative floor",
+             ["trainer.lr_scheduler=cosine_with_min_lr",
+              "+trainer.lr_scheduler_kwargs.min_lr_rate=-0.5"],
+             "trainer.lr_scheduler_kwargs.min_lr_rate=-0.5 is not allowed"),
+    BadInput("negative warm-up", ["trainer.warmup_steps=-3"],
+             "trainer.warmup_steps=-3 is not allowed"),
+    BadInput("one of rlcli's keys deleted", ["~trainer.lr_scheduler"],
+             "~trainer.lr_scheduler would delete trainer.lr_scheduler, which every run needs"),
+    BadInput("top-entropy tokens with a loss per response", ["algo=gmpo", "algo.top_entropy=0.2"],
+             "algo.top_entropy=0.2 chooses the tokens that carry a per-token loss, but "
+             "algo.loss=gmpo gives one loss per response"),
+    BadInput("an upper clip width under the symmetric clip", ["algo.eps_high=0.28"],
+             "algo.eps_high=0.28 would be ignored: algo.clip=symmetric bounds the ratio by "
+             "1 +- eps_low on both sides; for a separate upper width use algo.clip=decoupled"),
+    BadInput("a clip width for a loss that does not clip", ["algo=gpg", "algo.eps_low=0.1"],
+             "algo.eps_low=0.1 would be ignored: algo.loss=gpg reads only advantages, logp, so "
+             "it never uses algo.eps_low"),
+    BadInput("several epochs of a loss with no ratio", ["algo=gpg", "trainer.epochs=2"],
+             "algo.loss=gpg reads no importance ratio (neither ratio nor old_logp)"),
+    BadInput("a temperature of 0 for SAPO's gate", ["algo=sapo", "algo.loss_settings.tau_pos=0"],
+             "algo.loss_settings.tau_pos=0 must be > 0."),
+    BadInput("an own loss that returns one number", ["algo.loss={tmp}/own.py:total"],
+             "algo.loss={tmp}/own.py:total returned a loss of shape [] where [4, 3] was expected",
+             {"own.py": "def total(*, ratio, advantages):\n"
+                        "    return (-ratio * advantages).sum(), {}\n"}),
+    BadInput("an own estimator that raises", ["algo.advantage={tmp}/own.py:centred"],
+             "algo.advantage={tmp}/own.py:centred raised ZeroDivisionError: division by zero at",
+             {"own.py": "def centred(x):\n    return 1 / 0\n"}),
+    BadInput("a batch-wide estimator under torchrun", ["algo=reinforce_pp"],
+             "algo.advantage=reinforce_pp (statistics over the whole batch: whitening, counts "
+             "of flat groups) runs in one process only for now, but torchrun started 2",
+             env=lambda tmp: {**os.environ, "WORLD_SIZE": "2"}),
 ]  # fmt: skip
 
 
@@ -643,6 +687,177 @@ FAULTS: list[Callable[[Path], str | None]] = [
     rollout_worker_that_is_none,
     rollout_server_on_a_port_in_use,
     worker_killed_in_the_weight_push,
+]
+
+
+def export_whose_tokenizer_does_not_fit(tmp: Path) -> str | None:
+    """`rlcli export` onto a disk with room for the weights but not the tokenizer.
+    It exits 2 naming the directory and the full disk (the tokenizers library reports it as a
+    plain Exception), and leaves no model beside a cut-short tokenizer.json."""
+    from rlcli.runtime.models import resolve_model_path
+    from rlcli.validate import compose
+
+    cfg = compose(["model=tiny"])
+    model = resolve_model_path(cfg.model, cfg.trainer.seed)  # 12.9 MB of weights, 3.5 of tokenizer
+    err, code = io.StringIO(), 0
+    with small_disk(tmp / "disk", 15) as disk:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                main(["export", model, str(disk / "out")])
+            except SystemExit as exit_:
+                code = exit_.code
+            except Exception:  # noqa: BLE001 - an escaped exception is what we look for
+                return f"a traceback:\n{traceback.format_exc()}"
+        left = sorted(p.name for p in disk.iterdir())
+    line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
+    if code != 2 or f"{disk / 'out'} cannot be written: No space left" not in line:
+        return f"not a clear error: {code} {line}"
+    return None if not left else f"left on the disk: {left}"
+
+
+FAULTS.append(export_whose_tokenizer_does_not_fit)
+
+
+UNSCORABLE_REWARDS = """
+import os, time
+
+
+def spaces(responses):
+    return [r.count(" ") / max(len(r), 1) for r in responses]
+
+
+def none_after_step_1(prompts, responses, answers, **fields):
+    calls = os.path.join(os.path.dirname(__file__), "calls")
+    done = int(open(calls).read()) if os.path.exists(calls) else 0
+    open(calls, "w").write(str(done + 1))
+    return [None] * len(responses) if done else spaces(responses)
+
+
+def none_for_greedy(prompts, responses, answers, **fields):
+    return [None] * 3 if len(responses) == 3 else spaces(responses)  # eval.max_problems=3
+
+
+def slow(prompts, responses, answers, **fields):
+    time.sleep(0.2)
+    return spaces(responses)
+
+
+def raises(prompts, responses, answers, **fields):
+    raise RuntimeError("the log-only judge is down")
+
+
+def too_large(prompts, responses, answers, **fields):
+    return [1e39] + spaces(responses)[1:]
+
+
+def a_set(prompts, responses, answers, **fields):
+    return set(spaces(responses))
+"""
+
+
+def _unscorable_run(tmp: Path, name: str, *overrides: str) -> tuple[Result, list[dict]]:
+    """A run of UNSCORABLE_REWARDS's `name`, and the rows of metrics.jsonl (none if absent)."""
+    (tmp / "r.py").write_text(UNSCORABLE_REWARDS)
+    result = rlcli(tmp / "run", "reward=python", f"reward.function={tmp / 'r.py'}:{name}",
+                   *overrides)  # fmt: skip
+    path = tmp / "run" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return result, rows
+
+
+def reward_that_scores_nothing_at_step_2(tmp: Path) -> str | None:
+    """A reward function that returns None for every response from step 2 on.
+    The run saves step 1, then exits 2 naming step 2, the reason and the command that resumes."""
+    result, _ = _unscorable_run(tmp, "none_after_step_1", "trainer.max_steps=3")
+    if result.traceback or result.code != 2:
+        return f"exit {result.code}: {result.traceback or result.stderr[-500:]}"
+    if not (tmp / "run" / "checkpoints" / "step_1").is_dir():
+        return "step 1 was not saved"
+    return None if "step 2's batch could be scored" in result.stderr else result.stderr[-500:]
+
+
+def held_out_evaluation_that_scores_nothing(tmp: Path) -> str | None:
+    """A reward function that returns None for every held-out greedy reply.
+    A warning names the evaluation's step; its eval/* metrics are left out; training goes on."""
+    result, rows = _unscorable_run(tmp, "none_for_greedy", "trainer.eval_every=1",
+                                   "eval.max_problems=3", "eval.k=2")  # fmt: skip
+    if result.code != 0:
+        return f"exit {result.code}: {result.traceback or result.stderr[-500:]}"
+    if any(key.startswith("eval/") for row in rows for key in row):
+        return "eval/* metrics were logged for an evaluation that scored nothing"
+    said = "held-out evaluation at step 1 measured nothing"
+    return None if said in result.stdout + result.stderr else "no warning named the evaluation"
+
+
+def log_only_reward_component_that_raises(tmp: Path) -> str | None:
+    """A log-only reward component (weight 0) that raises on every call.
+    Training is unaffected: reward/errors stays 0; the failures count in reward/log_only_errors."""
+    result, rows = _unscorable_run(tmp, "raises", "reward.components=[space_rate,python]",
+                                   "reward.weights=[1,0]")  # fmt: skip
+    if result.code != 0:
+        return f"exit {result.code}: {result.traceback or result.stderr[-500:]}"
+    errors, log_only = rows[-1]["reward/errors"], rows[-1].get("reward/log_only_errors")
+    return None if (errors, log_only) == (0, 16) else f"errors {errors}, log-only {log_only}"
+
+
+def reward_without_a_time_limit(tmp: Path) -> str | None:
+    """reward.timeout_s=0, documented as no limit, with a reward function.
+    Every response is scored; none times out."""
+    result, rows = _unscorable_run(tmp, "slow", "reward.timeout_s=0")
+    if result.code != 0:
+        return f"exit {result.code}: {result.traceback or result.stderr[-500:]}"
+    return None if rows[-1]["reward/errors"] == 0 else f"reward/errors {rows[-1]['reward/errors']}"
+
+
+def reward_of_1e39_or_a_set(tmp: Path) -> str | None:
+    """A reward function that returns 1e39 for one response; one that returns a set.
+    1e39 (beyond float32) is a failed score counted in reward/errors and the step trains on the
+    rest; a set (no order) is refused like a string: a batch of them stops the run, exit 2."""
+    result, rows = _unscorable_run(tmp, "too_large")
+    if result.code != 0 or rows[-1]["reward/errors"] != 1:
+        return f"1e39: exit {result.code}, rows {rows}"
+    if rows[-1]["nonfinite/skipped_updates"]:
+        return "1e39 made the step's update non-finite"
+    (tmp / "set").mkdir()
+    result, _ = _unscorable_run(tmp / "set", "a_set")
+    if result.code != 2 or "returned a set, not a list of scores" not in result.stderr:
+        return f"a set: exit {result.code}: {result.traceback or result.stderr[-500:]}"
+    return None
+
+
+OWN_LOSS_FAILING_AT_STEP_2 = """
+calls = 0
+
+def loss(*, ratio, advantages):
+    global calls
+    calls += 1  # 1: rlcli's trial on a made-up batch, 2: step 1, 3: step 2
+    if calls == 3:
+        raise RuntimeError("boom")
+    return -ratio * advantages, {}
+"""
+
+
+def own_loss_that_raises_at_step_2(tmp: Path) -> str | None:
+    """A researcher's own loss that raises in step 2 (it passed rlcli's trial before loading).
+    The run saves step 1, then exits 2 naming the function, the line that raised and the resume."""
+    (tmp / "own.py").write_text(OWN_LOSS_FAILING_AT_STEP_2)
+    result = rlcli(tmp / "run", f"algo.loss={tmp / 'own.py'}:loss", "trainer.max_steps=3",
+                   "trainer.micro_batch_size=64")  # fmt: skip
+    if result.traceback or result.code != 2:
+        return f"exit {result.code}: {result.traceback or result.stderr[-500:]}"
+    if not (tmp / "run" / "checkpoints" / "step_1").is_dir():
+        return "step 1 was not saved"
+    said = f"In step 2: algo.loss={tmp / 'own.py'}:loss raised RuntimeError: boom at"
+    return None if said in result.stderr else result.stderr[-500:]
+
+
+FAULTS += [
+    own_loss_that_raises_at_step_2,
+    reward_that_scores_nothing_at_step_2,
+    held_out_evaluation_that_scores_nothing,
+    log_only_reward_component_that_raises,
+    reward_without_a_time_limit,
+    reward_of_1e39_or_a_set,
 ]
 
 

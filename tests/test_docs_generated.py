@@ -100,6 +100,7 @@ RUNS = {
 NOT_IN_THESE_RUNS = {
     "rollout/staleness": "rollout workers (sampler.workers, sampler.urls)",
     "time/rollout_wait": "rollout workers (sampler.workers, sampler.urls)",
+    "reward/log_only_errors": "a reward.weights entry of 0",
 }
 
 

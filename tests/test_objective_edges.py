@@ -290,3 +290,69 @@ def test_an_own_loss_failing_during_a_step_is_a_piece_error_naming_it(tmp_path):
     logp, old, adv, mask, entropy, counts = _batch()
     with pytest.raises(PieceError, match=re.escape(f"algo.loss={own}:short returned a loss")):
         policy_objective(obj, logp, old, None, adv, mask, entropy, counts)
+
+
+# --- during a run: a failing own loss saves first; a NaN one is named; OPO warns -------------
+
+TINY = ["model=tiny", "sampler=hf", "reward=space_rate", "logger.progress=false",
+        "sampler.max_new_tokens=8", "trainer.micro_batch_size=64"]  # fmt: skip
+
+RUN_TIME = """
+import torch
+
+calls = 0
+
+def fails_in_step_2(*, ratio, advantages):
+    global calls
+    calls += 1  # 1: rlcli's trial on a made-up batch, 2: step 1 (one micro-batch), 3: step 2
+    if calls == 3:
+        raise RuntimeError("boom")
+    return -ratio * advantages, {}
+
+def nan_loss(*, ratio, advantages):
+    return -ratio * advantages * float("nan"), {}
+"""
+
+
+def train(run_dir, *overrides):
+    """`rlcli train TINY overrides` in this process: (exit code, stdout + stderr)."""
+    import contextlib
+    import io
+
+    from rlcli.cli import main
+
+    out, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    return code, out.getvalue()
+
+
+def test_an_own_loss_failing_in_a_later_step_saves_the_steps_before_it(tmp_path):
+    own = tmp_path / "run_time.py"
+    own.write_text(RUN_TIME)
+    spec = f"{own}:fails_in_step_2"
+    code, text = train(tmp_path / "run", f"algo.loss={spec}", "trainer.max_steps=3",
+                       "trainer.save_every=50")  # fmt: skip
+    assert code == 2, text
+    assert f"In step 2: algo.loss={spec} raised RuntimeError: boom at {own}:" in text
+    assert "step 1 is saved in" in text and "Traceback" not in text
+    assert (tmp_path / "run" / "checkpoints" / "step_1").is_dir()
+
+
+def test_an_own_loss_that_gives_nan_is_named_as_the_first_suspect(tmp_path):
+    own = tmp_path / "run_time.py"
+    own.write_text(RUN_TIME)
+    code, text = train(tmp_path / "run", f"algo.loss={own}:nan_loss", "trainer.max_steps=3",
+                       "trainer.max_bad_steps=1")  # fmt: skip
+    assert code == 3, text
+    assert f"First suspect your own algo.loss={own}:nan_loss" in text
+
+
+def test_opo_with_several_updates_a_batch_warns_at_the_start(tmp_path):
+    code, text = train(tmp_path / "run", "algo=opo", "trainer.mini_batches=2",
+                       "trainer.max_steps=1")  # fmt: skip
+    assert code == 0, text
+    assert "rlcli: warning: algo.advantage=opo is meant for exactly on-policy updates" in text

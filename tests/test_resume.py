@@ -230,3 +230,13 @@ def test_interrupt_saves_a_checkpoint_and_says_how_to_resume(tmp_path, sig, code
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, step + 2))
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == step + 1
     assert os.path.isdir(run_dir / "checkpoints" / f"step_{step + 1}")
+
+
+def test_the_promise_of_an_exact_resume_names_what_rollout_workers_do_not_repeat():
+    # Two uninterrupted runs with sampler.workers=1 differ at step 1 (vLLM servers take no seed
+    # per request), so the promise on the reliability page must say where it holds.
+    page = (REPO / "docs" / "reliability.md").read_text()
+    promise = page[page.index("- A resumed run continues exactly") :].split("\n- ")[0]
+    promise = " ".join(promise.split())
+    assert "Rollout workers (`sampler.workers`, `sampler.urls`)" in promise
+    assert "sample different responses from step 1 on" in promise

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlcli.config.free_form import refuse_deletion
 from rlcli.config.schema import CONF_DIR, Config, ConfigError
 
 
@@ -343,12 +344,15 @@ def unknown_key_message(key: str, value: str | None = None) -> str | None:
 
 
 def check_overrides(overrides: Sequence[str]) -> None:
-    """Raise ConfigError for a group choice that does not exist or a key that is not in the
-    config, before Hydra composes (whose own messages span many lines)."""
+    """Raise ConfigError for a group choice that does not exist, a key that is not in the
+    config, or the deletion of one of rlcli's keys, before Hydra composes (whose own messages
+    span many lines)."""
     groups = group_choices()
     for override in overrides:
         key, sign, value = override.partition("=")
         key = key.lstrip("+")
+        if key.startswith("~") and not key.startswith(("~hydra", "~recipe")):
+            refuse_deletion(key[1:], unknown_key_message(key[1:]))  # a hole Hydra would leave
         if not sign or key.startswith(("hydra", "~", "-")) or "@" in key or key == "recipe":
             continue
         if key in groups:

@@ -337,7 +337,7 @@ def reinforce_pp_baseline(x: AdvantageInputs):
     return whiten_tokens(centred[:, None].expand(x.mask.shape), x.mask), None
 
 
-@register_advantage("opo", needs=("groups", "response_advantage"))
+@register_advantage("opo", needs=("groups", "response_advantage", "on_policy"))
 def opo(x: AdvantageInputs):
     """OPO (arXiv 2505.23585): R minus the group's length-weighted mean reward.
 

@@ -16,7 +16,8 @@ there. `needs` says what the run must provide:
   mini-batch before its passes (a selection that must not depend on how it is split);
 - ``step_rewards``: a reward per reasoning step (`reward=process`);
 - ``whole_batch``: statistics over the whole batch (whitening, counts), which are not gathered
-  across torchrun ranks yet, so the piece runs in one process only.
+  across torchrun ranks yet, so the piece runs in one process only;
+- ``on_policy``: exactly on-policy updates (one mini-batch, one epoch); more are warned of.
 
 A piece may also bring a `check` of its settings (``settings -> why they are invalid, or
 None``), run before anything loads, and a loss its mini-batch token `select`ion (Clip-Cov,
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 NEEDS = (
     "critic", "groups", "response_advantage", "greedy", "reference", "minibatch_stats",
-    "step_rewards", "whole_batch",
+    "step_rewards", "whole_batch", "on_policy",
 )  # fmt: skip
 
 

@@ -18,8 +18,8 @@ from rlcli.rewards.rules import RULES
 BATCHED = ("python", "reward_model", "process")
 COMPONENTS = sorted([*RULES, *BATCHED])
 # Names a function cannot take: metrics of their own (reward/mean, reward/std, reward/errors,
-# reward/overlong) and algo.filter_metric's other choices.
-RESERVED = ("mean", "std", "errors", "overlong", "total", "correctness")
+# reward/log_only_errors, reward/overlong) and algo.filter_metric's other choices.
+RESERVED = ("mean", "std", "errors", "log_only_errors", "overlong", "total", "correctness")
 
 
 def function_specs(cfg: RewardConfig) -> list[str]:

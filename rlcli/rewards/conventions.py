@@ -9,14 +9,15 @@ of the problem's record (a data file's columns: `solution`, `level`, ...) comes 
 list too, one entry per response. A function without `**kwargs` is given only the keywords it
 names. `call_plan` reads the signature with `inspect` when the worker imports the function, so
 one that fits neither convention is a config error before any model loads, and the fields it
-requires are checked against the data before training starts. Standard library only: the
-worker process imports this module.
+requires are checked against the data before training starts; `read_scores` checks what a call
+returns. Standard library only: the worker process imports this module.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 
 # The keywords every call offers, besides the record's fields (a field of one of these names
@@ -35,6 +36,11 @@ CONVENTIONS = (
     "come as keyword lists, and completion_ids (token ids) when the function names it; it "
     "returns one float per response (None = no reward)"
 )
+
+
+# The largest magnitude a float32 holds. Rewards are kept in float32 tensors, where a larger
+# one becomes inf, and one inf reward makes the whole step's advantages NaN.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 class BadSignature(Exception):
@@ -101,3 +107,56 @@ def call_keywords(
         elif key in fields:
             out[key] = [r.get(key) for r in records]
     return out
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def as_score(value) -> float:
+    """A finite float, or NaN for None (a function's way of saying 'no score'); ValueError for
+    anything else, as for NaN: the sample's score is then missing, counted in reward/errors.
+
+    bool, int, float and numpy scalars are numbers; a string is not, even "1.0"; neither is a
+    number beyond float32's range, where the scorer keeps rewards."""
+    if value is None:
+        return math.nan
+    not_a_number = f"returned {_short(value)}, a {type(value).__name__}, not a number"
+    if isinstance(value, (str, bytes)):
+        raise ValueError(not_a_number)
+    try:
+        score = float(value)
+    except OverflowError:  # an int beyond even float64
+        score = None
+    except Exception:
+        raise ValueError(not_a_number) from None
+    if score is not None and not math.isfinite(score):
+        raise ValueError(f"returned {_short(value)}, not a finite number")
+    if score is None or abs(score) > FLOAT32_MAX:
+        raise ValueError(
+            f"returned {_short(value)}, beyond the range of float32 (|reward| <= 3.4e38), in "
+            "which rewards are kept: scale it down"
+        )
+    return score
+
+
+def read_scores(out, n: int) -> dict:
+    """What a call returned over `n` responses, as the worker's reply: {"scores": [float or
+    None], "invalid": [[i, why], ...]}, or {"error": why} for the whole call. A list, tuple,
+    array or generator of one score per response is read in order; a string, a mapping or a
+    set is refused: a set has no order to match its scores to the responses."""
+    if isinstance(out, (str, bytes, Mapping, Set)):
+        return {"error": f"returned a {type(out).__name__}, not a list of scores"}
+    out = list(out)
+    if len(out) != n:
+        return {"error": f"returned {len(out)} scores for {n} responses"}
+    scores, invalid = [], []
+    for i, value in enumerate(out):
+        try:
+            score = as_score(value)
+        except ValueError as err:
+            score = math.nan
+            invalid.append([i, str(err)])
+        scores.append(None if math.isnan(score) else score)
+    return {"scores": scores, "invalid": invalid}

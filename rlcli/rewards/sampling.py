@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rlcli.config import Config
 from rlcli.data.problems import Problem, fit_prompts, render_prompt
@@ -24,7 +24,7 @@ from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, re
 
 def sample_and_score(
     sampler: Sampler,
-    scorer: Scorer,
+    scorer: Callable[[list[Sample]], Scores],
     tokenizer,
     problems: list[Problem],
     group: int,
@@ -68,7 +68,7 @@ def sample_and_score(
 
 def scored_chunks(
     sampler: Sampler,
-    scorer: Scorer,
+    scorer: Callable[[list[Sample]], Scores],
     tokenizer,
     problems: list[Problem],
     group: int,

@@ -4,9 +4,11 @@
 `python` stands for the functions of `reward.function`, each a component named after itself
 (`rlcli.rewards.components`). A response's reward is the weighted sum, plus DAPO's soft
 overlong punishment when `reward.overlong_cache_len` is set. Every component is logged on its
-own (`reward/<name>`); a weight of 0 logs a component without training on it. A component
-that raises or runs past `reward.timeout_s` on one sample marks that sample as missing (NaN):
-the trainer gives it no gradient and counts it in `reward/errors`, and the run goes on. The
+own (`reward/<name>`); a weight of 0 logs a component without training on it, so its failures
+are counted apart (`reward/log_only_errors`) and never touch the total. A trained component
+that raises, runs past `reward.timeout_s` (0: no limit) or returns what is no float32 number on
+one sample marks that sample as missing (NaN): the trainer gives it no gradient and counts it
+in `reward/errors`, and the run goes on; a batch with no score at all is `Unscorable`. The
 rules themselves are in `rlcli.rewards`; they run in this process, under a SIGALRM time
 limit. The user's functions (`reward=python`) run in worker processes
 (`rlcli.rewards.worker`), one per function, so that one that hangs in C code, exits, crashes
@@ -30,9 +32,9 @@ from rlcli.config import ConfigError, RewardConfig
 from rlcli.data.problems import Problem
 from rlcli.ops.policy_loss import overlong_penalty
 from rlcli.rewards.components import component_names, function_name, function_specs
-from rlcli.rewards.conventions import CallPlan, call_keywords
+from rlcli.rewards.conventions import CallPlan, as_score, call_keywords
 from rlcli.rewards.rules import RULES, call_rule
-from rlcli.rewards.worker import BadSpec, FunctionWorker, WorkerLost, as_score, describe
+from rlcli.rewards.worker import BadSpec, FunctionWorker, WorkerLost, describe
 
 log = logging.getLogger("rlcli")
 
@@ -64,14 +66,16 @@ class Scores:
     errors: list[str]  # why samples went missing, one line per failure
     # process reward only: per response, (character where a step ends, that step's score)
     steps: list[list[tuple[int, float]]] | None = None
+    log_only: tuple[str, ...] = ()  # the components of weight 0: logged, not in `total`
 
     @property
     def missing(self) -> Tensor:  # [B] bool
         return self.total.isnan()
 
     def metrics(self) -> dict[str, float]:
-        """reward/mean and reward/std of the totals, reward/<component> of each component and
-        reward/errors, all over the same responses: these."""
+        """reward/mean and reward/std of the totals, reward/<component> of each component,
+        reward/errors and, with log-only components, reward/log_only_errors, all over the same
+        responses: these."""
         scored = self.total[~self.missing]
         out = {
             "reward/mean": nanmean(self.total),
@@ -79,7 +83,39 @@ class Scores:
         }
         out.update({f"reward/{name}": nanmean(v) for name, v in self.components.items()})
         out["reward/errors"] = float(self.missing.sum())
+        if self.log_only:  # apart from reward/errors: these responses train as usual
+            unscored = [int(self.components[name].isnan().sum()) for name in self.log_only]
+            out["reward/log_only_errors"] = float(sum(unscored))
         return out
+
+
+class Unscorable(ConfigError):
+    """No response of a batch could be scored, so there is nothing to learn from or measure.
+    `count` is the batch's size, `why` the first failure (or that every score was None)."""
+
+    def __init__(self, count: int, why: str, what: str = "response of this batch"):
+        self.count, self.why = count, why
+        super().__init__(
+            f"No {what} could be scored ({count} responses; {why}). Fix the reward "
+            "(reward.components, reward.function) and run again."
+        )
+
+
+def unscored_reason(errors: list[str]) -> str:
+    """Why a batch has no score: its first failure, else every score was None."""
+    return f"first error: {errors[0]}" if errors else "the reward returned None for all"
+
+
+def in_float32_range(total: Tensor, errors: list[str]) -> Tensor:
+    """`total` with NaN, and a line in `errors`, where the weighted sum left float32's range
+    (components in range, weighted up): an inf reward would make the step's advantages NaN."""
+    over = total.isinf()
+    errors.extend(
+        f"total: the weighted sum of the components is {v:g} in float32 (|reward| <= 3.4e38): "
+        "scale the rewards or reward.weights down"
+        for v in total[over].tolist()
+    )
+    return total.masked_fill(over, math.nan)
 
 
 def nanmean(values: Tensor) -> float:
@@ -148,40 +184,62 @@ class Scorer:
         )
 
     def __call__(self, samples: list[Sample]) -> Scores:
-        components, errors, steps = {}, [], None
+        """`score`, then Unscorable when no response of the batch has a score."""
+        scores = self.score(samples)
+        if scores.missing.all():
+            raise Unscorable(len(samples), unscored_reason(scores.errors))
+        return scores
+
+    def score(self, samples: list[Sample]) -> Scores:
+        """Each component over `samples` and their weighted total, NaN where a trained
+        component has no score; a batch with none is returned as it is."""
         weights = self.cfg.weights or [1.0] * len(self.names)
-        for name in self.names:
-            if name in self.workers:  # before RULES: a function may share a rule's name
-                components[name] = self._python(name, samples, errors)
-            elif name in RULES:
-                components[name] = self._rule(name, samples, errors)
-            elif name == "reward_model":
-                questions, responses = [s.question for s in samples], [s.response for s in samples]
-                components[name] = torch.tensor(self.orm.score(questions, responses))
-            else:  # process: the outcome logged is the mean of the step scores (0 if none)
-                questions, responses = [s.question for s in samples], [s.response for s in samples]
-                steps = self.prm.score_steps(questions, responses)
-                means = [sum(v for _, v in s) / len(s) if s else 0.0 for s in steps]
-                components[name] = torch.tensor(means)
-        total = sum(w * components[n].float() for n, w in zip(self.names, weights, strict=True))
+        components, errors, log_only_errors, steps = {}, [], [], None
+        total = torch.zeros(len(samples))
+        for name, weight in zip(self.names, weights, strict=True):
+            # A log-only component's failures are not missing samples: they go apart.
+            values, found = self._component(name, samples, errors if weight else log_only_errors)
+            components[name], steps = values, steps if found is None else found
+            if weight:  # not 0 x NaN: a log-only component's failure must not touch training
+                total = total + weight * values.float()
         if self.cfg.overlong_cache_len:
             lengths = torch.tensor([s.length for s in samples])
             penalty = overlong_penalty(lengths, self.max_new_tokens, self.cfg.overlong_cache_len)
             components["overlong"] = penalty
             total = total + penalty
-        if total.isnan().all():
-            why = f"first error: {errors[0]}" if errors else "the reward returned None for all"
-            raise ConfigError(
-                f"No response of this batch could be scored ({len(samples)} responses; {why}). "
-                "Fix the reward (reward.components, reward.function) and run again."
-            )
+        total = in_float32_range(total, errors)
         if errors:
             log.warning(
                 "rlcli: %d reward failure(s) this step, scored as missing; first: %s",
                 len(errors),
                 errors[0],
             )
-        return Scores(total.float(), components, errors, steps)
+        if log_only_errors:
+            log.warning(
+                "rlcli: %d failure(s) of log-only reward components (weight 0) this step, "
+                "training unaffected (reward/log_only_errors); first: %s",
+                len(log_only_errors),
+                log_only_errors[0],
+            )
+        log_only = tuple(n for n, w in zip(self.names, weights, strict=True) if not w)
+        return Scores(total.float(), components, errors, steps, log_only)
+
+    def _component(
+        self, name: str, samples: list[Sample], errors: list[str]
+    ) -> tuple[Tensor, list | None]:
+        """One component's scores [B] (NaN where it failed, the failure in `errors`), and the
+        process reward's steps (None for the others)."""
+        if name in self.workers:  # before RULES: a function may share a rule's name
+            return self._python(name, samples, errors), None
+        if name in RULES:
+            return self._rule(name, samples, errors), None
+        questions, responses = [s.question for s in samples], [s.response for s in samples]
+        if name == "reward_model":
+            return torch.tensor(self.orm.score(questions, responses)), None
+        # process: the outcome logged is the mean of the step scores (0 if none)
+        steps = self.prm.score_steps(questions, responses)
+        means = [sum(v for _, v in s) / len(s) if s else 0.0 for s in steps]
+        return torch.tensor(means), steps
 
     def _rule(self, name: str, samples: list[Sample], errors: list[str]) -> Tensor:
         rule, scores = RULES[name], []
@@ -200,13 +258,14 @@ class Scorer:
         """The whole batch in one call to the function's worker, with reward.timeout_s per
         sample; failures go to `errors` under the function's name.
 
-        The batch has timeout_s x B in all. The one call gets half of it (all of it for one
-        sample); if it fails or runs past that (an exception, the worker's death, a hang),
-        each sample is called alone to find which failed, with min(timeout_s, what is left),
-        so a sample that hangs costs its timeout_s and the others are still scored; samples
-        left when the time is spent are timeouts. Restarting a worker that died or was
-        killed is part of the time spent."""
-        worker, n, timeout = self.workers[name], len(samples), self.cfg.timeout_s
+        The batch has timeout_s x B in all (timeout_s=0: no limit at all). The one call gets
+        half of it (all of it for one sample); if it fails or runs past that (an exception,
+        the worker's death, a hang), each sample is called alone to find which failed, with
+        min(timeout_s, what is left), so a sample that hangs costs its timeout_s and the
+        others are still scored; samples left when the time is spent are timeouts.
+        Restarting a worker that died or was killed is part of the time spent."""
+        worker, n = self.workers[name], len(samples)
+        timeout = self.cfg.timeout_s or math.inf  # 0: no limit
         budget = timeout * n
         first = worker.call(
             function_keywords(worker.plan, samples), budget if n == 1 else budget / 2

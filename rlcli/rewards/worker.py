@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlcli.rewards.conventions import BadSignature, CallPlan, call_plan
+from rlcli.rewards.conventions import BadSignature, CallPlan, call_plan, read_scores
 
 # How long the worker may take to import the user's module (which may load a model).
 START_TIMEOUT_S = 300.0
@@ -65,29 +65,6 @@ def describe(err: BaseException) -> str:
     """'Type: first line of the message', for one-line reports."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def as_score(value) -> float:
-    """A finite float, or NaN for None (a function's way of saying 'no score').
-
-    bool, int, float and numpy scalars are numbers; a string is not, even "1.0"."""
-    if value is None:
-        return math.nan
-    not_a_number = f"returned {_short(value)}, a {type(value).__name__}, not a number"
-    if isinstance(value, (str, bytes)):
-        raise ValueError(not_a_number)
-    try:
-        score = float(value)
-    except Exception:
-        raise ValueError(not_a_number) from None
-    if not math.isfinite(score):
-        raise ValueError(f"returned {_short(value)}, not a finite number")
-    return score
 
 
 # ---- the worker's end ----
@@ -127,21 +104,7 @@ def call(fn: Callable, n: int, kwargs: dict) -> dict:
     """One call of the user's function over `n` responses, as the reply to send; every failure
     is caught."""
     try:
-        out = fn(**kwargs)
-        if isinstance(out, (str, bytes, dict)):
-            return {"error": f"returned a {type(out).__name__}, not a list of scores"}
-        out = list(out)
-        if len(out) != n:
-            return {"error": f"returned {len(out)} scores for {n} responses"}
-        scores, invalid = [], []
-        for i, value in enumerate(out):
-            try:
-                score = as_score(value)
-            except ValueError as err:
-                score = math.nan
-                invalid.append([i, str(err)])
-            scores.append(None if math.isnan(score) else score)
-        return {"scores": scores, "invalid": invalid}
+        return read_scores(fn(**kwargs), n)
     except BaseException as err:  # SystemExit and KeyboardInterrupt too: this sample's error
         return {"error": describe(err)}
     finally:
@@ -255,8 +218,8 @@ class FunctionWorker:
 
     def call(self, kwargs: dict, limit: float) -> Outcome:
         """fn(**kwargs) in the worker (each keyword a list, one entry per response), killed
-        past `limit` seconds. A worker killed or dead is replaced at once, and its restart
-        counts in the outcome's seconds."""
+        past `limit` seconds (inf: never). A worker killed or dead is replaced at once, and
+        its restart counts in the outcome's seconds."""
         began = time.monotonic()
         if self._proc is None:  # the last restart failed: try again
             try:
@@ -345,8 +308,8 @@ class FunctionWorker:
             if pending:
                 selector.register(proc.stdin, selectors.EVENT_WRITE)
             while b"\n" not in self._buffer:
-                left = deadline - time.monotonic()
-                events = selector.select(left) if left > 0 else []
+                left = deadline - time.monotonic()  # inf: reward.timeout_s=0, no limit
+                events = selector.select(None if left == math.inf else left) if left > 0 else []
                 if not events:
                     raise CallTimeout
                 for key, _ in events:

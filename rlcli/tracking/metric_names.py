@@ -47,8 +47,11 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
         Metric("reward/<component>", "Each reward component's own unweighted mean over every "
                "response sampled this step (`reward/math`, `reward/format`, `reward/overlong`, "
                "...)."),
-        Metric("reward/errors", "Responses whose reward failed (raised, timed out); they "
-               "carry no loss."),
+        Metric("reward/errors", "Responses whose reward failed (raised, timed out, None, not "
+               "a number in float32's range); they carry no loss."),
+        Metric("reward/log_only_errors", "Scores that log-only components failed to give "
+               "(raised, timed out, None, not a number), summed over them; training is "
+               "unaffected.", "a reward.weights entry of 0"),
         Metric("reward/accuracy", "Share of pairs whose chosen reply has the larger implicit "
                "reward.", DPO),
         Metric("reward/margin", "Mean implicit reward of chosen minus rejected replies.", DPO),

@@ -254,7 +254,7 @@ def _write_atomically(root, step, model, tokenizer, tensors, state, extra_models
     (tmp / IN_PROGRESS).touch()
     try:
         model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        save_tokenizer(tokenizer, tmp)
         for name, extra in (extra_models or {}).items():
             extra.save_pretrained(tmp / name, safe_serialization=True)
         torch.save(tensors, tmp / TENSORS_FILE)
@@ -269,6 +269,18 @@ def _write_atomically(root, step, model, tokenizer, tensors, state, extra_models
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def save_tokenizer(tokenizer, directory: Path) -> None:
+    """`tokenizer.save_pretrained`, its failures as OSError: the tokenizers library reports a
+    full disk as a plain Exception ("No space left on device (os error 28)"), which callers
+    that catch the write's OSError would let through as a traceback."""
+    try:
+        tokenizer.save_pretrained(directory)
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the Rust writer's errors have no finer type
+        raise OSError(f"the tokenizer could not be written: {err}") from err
 
 
 def load_checkpoint(path: Path) -> tuple[dict, dict]:

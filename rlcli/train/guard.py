@@ -49,8 +49,11 @@ class LoopGuard:
     `write` prints a line without breaking the progress bar.
     """
 
-    def __init__(self, max_bad_steps: int, write=print):
+    def __init__(self, max_bad_steps: int, write=print, suspects: tuple[str, ...] = ()):
         self.max_bad_steps, self.write = max_bad_steps, write
+        # The user's own code in the objective ("algo.loss=f.py:fn"), named first when steps
+        # go non-finite: more often the cause than the learning rate.
+        self.suspects = suspects
         self.signal: int | None = None  # the first stop signal received
         self.bad_in_a_row = 0
         self._previous: dict = {}
@@ -112,10 +115,16 @@ class LoopGuard:
                 f"stopped by {name} after step {step}; checkpoint saved in {checkpoint}. " + again,
                 EXIT_CODES[self.signal],
             )
+        first = (
+            f"First suspect your own {' and '.join(self.suspects)}: check what it returns for "
+            "NaN or inf (a log of 0, a division by a count that can be 0). Other causes: "
+            if self.suspects
+            else "Usual causes: "
+        )
         return RunStopped(
             f"stopped after step {step}: the last {self.bad_in_a_row} steps all had a "
             "non-finite loss or gradient (NaN or inf), so their updates were skipped. The "
-            f"weights in {checkpoint} are from before them. Usual causes: a learning rate too "
+            f"weights in {checkpoint} are from before them. {first}a learning rate too "
             "high for this model, rewards of extreme size, or float16 overflow (use "
             "trainer.dtype=bfloat16 or float32). Fix the cause, then resume. " + again,
             EXIT_BAD_STEPS,

@@ -9,7 +9,8 @@
 - tool_call_rate (env=...): the share of greedy episodes that called a tool.
 
 Each problem's replies, rewards and correctness come back too (`Evaluation.problems`), for
-`eval_samples.jsonl` (`write_eval_samples`).
+`eval_samples.jsonl` (`write_eval_samples`). A reply whose reward failed counts as not correct;
+when no greedy reply has a reward, the evaluation measured nothing (`UnscoredEvaluation`).
 
 Evaluation draws from its own seed, so evaluating during training leaves the training
 samples as they would have been without it.
@@ -27,7 +28,7 @@ from tqdm import tqdm
 from rlcli.config import EvalConfig
 from rlcli.data.problems import Problem, write_jsonl
 from rlcli.rewards.sampling import scored_chunks
-from rlcli.rewards.scorer import Scorer, Scores
+from rlcli.rewards.scorer import Scorer, Scores, Unscorable, unscored_reason
 from rlcli.rollout.batch import Rollout
 from rlcli.rollout.samplers import Sampler
 
@@ -35,6 +36,15 @@ from rlcli.rollout.samplers import Sampler
 EVAL_SEED = 7_777_777
 # Per-problem replies of an evaluation (rlcli eval; the latest held-out one of a training run).
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
+
+
+class UnscoredEvaluation(Unscorable):
+    """No greedy reply of an evaluation could be scored: it measured nothing. `problems` holds
+    its replies (as `Evaluation.problems`), which show why, for eval_samples.jsonl."""
+
+    def __init__(self, problems: list[dict], why: str):
+        super().__init__(len(problems), why, what="greedy reply of the held-out evaluation")
+        self.problems = problems
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -100,11 +110,13 @@ def evaluate(
     progress: bool = False,
 ) -> Evaluation:
     """Greedy accuracy and pass@k of the sampler's current weights on `problems`, and what
-    each problem's replies were."""
+    each problem's replies were; UnscoredEvaluation when no greedy reply could be scored."""
     problems = problems[: cfg.max_problems] if cfg.max_problems else problems
     each = dict(
         sampler=sampler,
-        scorer=scorer,
+        # A chunk with no score is no error here (its replies are not correct); the whole
+        # evaluation without one is, below.
+        scorer=scorer.score,
         tokenizer=tokenizer,
         problems=problems,
         system_prompt=system_prompt,
@@ -119,9 +131,10 @@ def evaluate(
         ),
         strict=True,
     )
-    records, sampled = [], []
+    records, sampled, greedy_errors = [], [], []
     bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=not progress)
     for (chunk, greedy, greedy_scores), (_, samples, sampled_scores) in chunks:
+        greedy_errors += greedy_scores.errors
         for i, problem in enumerate(chunk):
             replies = range(i * cfg.k, (i + 1) * cfg.k)
             record = {
@@ -140,6 +153,8 @@ def evaluate(
         bar.set_postfix(accuracy=f"{share([r['greedy']['correct'] for r in records]):.3f}")
     bar.close()
     greedy_replies = [r["greedy"] for r in records]
+    if greedy_replies and all(r["reward"] is None for r in greedy_replies):
+        raise UnscoredEvaluation(records, unscored_reason(greedy_errors))
     calls = (
         {"tool_call_rate": share([r["tool_calls"] > 0 for r in greedy_replies])}
         if greedy_replies and "tool_calls" in greedy_replies[0]

@@ -11,22 +11,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-from rlcli.config import AlgoConfig, ConfigError, SamplerConfig
+from rlcli.config import ConfigError
 from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
 from rlcli.ops.losses import top_entropy_mask
 from rlcli.ops.objective import Objective, policy_objective
 from rlcli.ops.pieces import PieceError
-from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS, StepCounts
+from rlcli.ops.policy_loss import StepCounts
 from rlcli.rollout.batch import Rollout
 from rlcli.runtime import distributed
 from rlcli.train.batch import TrainBatch
 from rlcli.train.passes import Pass, micro_batches, passes
-from rlcli.train.pieces import loss_piece
+from rlcli.train.pieces import objective_from_config  # noqa: F401 - the learner's, re-exported
 
 
 @dataclass(frozen=True)
@@ -38,29 +37,6 @@ class UpdatePlan:
     max_tokens: int = 0  # most padded tokens per pass (0 = only micro_batch_size limits it)
     max_grad_norm: float = 1.0  # clip the global gradient norm (0 = no clipping)
     share_prompts: bool = True  # a group's prompt read once per pass (`passes`)
-
-
-def objective_from_config(algo: AlgoConfig, sampler: SamplerConfig, norm_len: int) -> Objective:
-    """The policy loss `algo.*` chooses, over the distribution `sampler.*` samples from."""
-    loss = loss_piece(algo.loss)
-    return Objective(
-        ratio=RATIOS[algo.ratio],
-        bounds=partial(CLIP_BOUNDS[algo.clip], eps_low=algo.eps_low, eps_high=algo.eps_high),
-        loss=loss,
-        # KL in the reward (PPO) is applied to the rewards, not here.
-        kl=KL_ESTIMATORS[algo.kl] if algo.beta > 0 and algo.kl_in == "loss" else None,
-        aggregate=partial(AGGREGATIONS[algo.aggregation], norm_len=norm_len),
-        beta=algo.beta,
-        dual_clip=algo.dual_clip,
-        entropy_coef=algo.entropy_coef,
-        eps_low=algo.eps_low,
-        eps_high=algo.eps_high,
-        loss_settings=dict(algo.loss_settings),
-        select=loss.select if "minibatch_stats" in loss.needs else None,
-        top_entropy=algo.top_entropy,
-        temperature=sampler.temperature,
-        tis_cap=sampler.tis_cap if sampler.old_logp == "sampler" else None,
-    )
 
 
 class TokenLogprobModel(nn.Module):

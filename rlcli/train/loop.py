@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcli.config import Config
+from rlcli.config import Config, ConfigError
 from rlcli.env import system_prompt
+from rlcli.ops.pieces import PieceError
+from rlcli.rewards.scorer import Unscorable
 from rlcli.rollout.servers import WorkerLost
 from rlcli.runtime import distributed
 from rlcli.tracking.metrics import read_metrics
@@ -26,8 +28,15 @@ from rlcli.train import run as rl
 from rlcli.train import step as rl_step
 from rlcli.train.checkpoint import read_state, remove_incomplete, resume_point
 from rlcli.train.guard import EXIT_WORKER_LOST, LoopGuard, RunStopped, resume_command
-from rlcli.train.held_out import EVAL_SAMPLES_FILE, EVAL_SEED, evaluate, write_eval_samples
+from rlcli.train.held_out import (
+    EVAL_SAMPLES_FILE,
+    EVAL_SEED,
+    UnscoredEvaluation,
+    evaluate,
+    write_eval_samples,
+)
 from rlcli.train.hub import check_push, push
+from rlcli.train.pieces import own_pieces, start_warnings
 from rlcli.train.run_dir import check_resume, record_config
 
 
@@ -69,15 +78,20 @@ def rl_evaluate(run: rl.Run, run_dir: Path) -> dict[str, float] | None:
     if not run.test_problems:
         return None
     cfg = run.cfg
-    result = evaluate(
-        run.sampler,
-        run.scorer,
-        run.tokenizer,
-        run.test_problems,
-        cfg.eval,
-        system_prompt(cfg),
-        cfg.trainer.seed + EVAL_SEED,
-    )
+    try:
+        result = evaluate(
+            run.sampler,
+            run.scorer,
+            run.tokenizer,
+            run.test_problems,
+            cfg.eval,
+            system_prompt(cfg),
+            cfg.trainer.seed + EVAL_SEED,
+        )
+    except UnscoredEvaluation as err:
+        if distributed.is_main():  # its replies show why none could be scored
+            write_eval_samples(err.problems, run_dir / EVAL_SAMPLES_FILE, step=run.step)
+        raise
     if distributed.is_main():
         write_eval_samples(result.problems, run_dir / EVAL_SAMPLES_FILE, step=run.step)
     return result.metrics
@@ -124,7 +138,11 @@ def evaluate_before_training(trainer: Trainer, run, run_dir: Path, tracker) -> N
     logged = distributed.is_main() and any(row["step"] == 0 for row in read_metrics(run_dir))
     if distributed.all_max(int(logged)):  # every rank evaluates, or none
         return
-    metrics = trainer.evaluate(run, run_dir)
+    try:
+        metrics = trainer.evaluate(run, run_dir)
+    except Unscorable as err:
+        unscored_evaluation(err, 0, tracker)
+        return
     if metrics is None:
         tracker.write(
             f"rlcli: trainer.val_before_train: data={run.cfg.data.name} has no held-out split, "
@@ -135,6 +153,60 @@ def evaluate_before_training(trainer: Trainer, run, run_dir: Path, tracker) -> N
     tracker.log({"step": 0, **metrics})  # a row of evaluation only, as eval_every's are
     shown = ", ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in metrics.items())
     tracker.write(f"rlcli: held-out before training (step 0): {shown}")
+
+
+def unscored_evaluation(err: Unscorable, step: int, tracker) -> None:
+    """Say that an evaluation measured nothing. Training goes on: its own batches are scored
+    apart, and a TRL user expects an unscorable evaluation to be logged, not to end the run."""
+    tracker.write(
+        f"rlcli: warning: the held-out evaluation at step {step} measured nothing: none of its "
+        f"{err.count} greedy replies could be scored ({err.why}; {EVAL_SAMPLES_FILE} holds "
+        "them). Its eval/* metrics are left out, and training goes on."
+    )
+
+
+def unscorable_batch(
+    err: Unscorable, run, trainer: Trainer, tracker, run_dir: Path, last_saved: int
+) -> ConfigError:
+    """A batch without a single score cannot be trained on (it came before the update)."""
+    what = f"No response of step {run.step + 1}'s batch could be scored ({err.count} responses; "
+    what += f"{err.why}), so the run stopped before that step"
+    fix = "Fix the reward's code (a resume refuses changed reward.* settings)"
+    return stopped_before_update(what, fix, run, trainer, tracker, run_dir, last_saved)
+
+
+def piece_failed(
+    err: PieceError, run, trainer: Trainer, tracker, run_dir: Path, last_saved: int
+) -> ConfigError:
+    """The loss or the estimator (most often a user's own) raised or returned something unusable
+    in step run.step + 1; saved first when no update of that step had happened."""
+    what = f"In step {run.step + 1}: {str(err).rstrip('.')}"
+    if err.updated:  # the weights are part-way through the step: not a state to save
+        tracker.finish()
+        return ConfigError(
+            f"{what}. An update of that step had already happened, so it was not saved; the last "
+            f"checkpoint is in {run_dir / 'checkpoints'}. Fix the function, then resume with:\n"
+            f"  {resume_command(run_dir)}"
+        )
+    fix = "Fix the function"
+    return stopped_before_update(what, fix, run, trainer, tracker, run_dir, last_saved)
+
+
+def stopped_before_update(
+    what: str, fix: str, run, trainer: Trainer, tracker, run_dir: Path, last_saved: int
+) -> ConfigError:
+    """Save what this start trained since its last checkpoint, then the message that ends the
+    run: `what` stopped it before the step's first update, and `fix` is the user's move."""
+    tracker.finish()
+    if run.step == 0:  # nothing trained, nothing to resume
+        return ConfigError(f"{what}; nothing was trained. {fix} and run again.")
+    if distributed.world_size() > 1:  # a save needs every process, and the others are mid-step
+        kept = f"nothing more was saved (checkpoints so far: {run_dir / 'checkpoints'})"
+    elif run.step > last_saved:
+        kept = f"step {run.step} is saved in {trainer.save(run, run_dir)}"
+    else:
+        kept = f"step {run.step} was already saved in {run_dir / 'checkpoints'}"
+    return ConfigError(f"{what}; {kept}. {fix}, then resume with:\n  {resume_command(run_dir)}")
 
 
 def worker_lost(lost: WorkerLost, run, trainer: Trainer, tracker, run_dir: Path) -> RunStopped:
@@ -201,16 +273,24 @@ def train(cfg: Config, run_dir: Path) -> Path:
         if distributed.is_main()
         else NoTracker()
     )
+    if cfg.algo.objective == "clipped":
+        for line in start_warnings(cfg):
+            tracker.write(line)
     if run.step == 0 and t.val_before_train:
         evaluate_before_training(trainer, run, run_dir, tracker)
     elif run.step == 0 and (line := trainer.before(run)):
         tracker.write(line)
     first_step, untrained = run.step + 1, []  # steps of this start that trained on no tokens
-    with LoopGuard(t.max_bad_steps, tracker.write) as guard:
+    last_saved = run.step  # the checkpoint resumed from, or nothing (0)
+    with LoopGuard(t.max_bad_steps, tracker.write, own_pieces(cfg)) as guard:
         while run.step < t.max_steps:
             lost = None
             try:
                 metrics, samples, advantages = trainer.train_step(run)
+            except Unscorable as err:  # before the update: the step did not happen
+                raise unscorable_batch(err, run, trainer, tracker, run_dir, last_saved) from None
+            except PieceError as err:
+                raise piece_failed(err, run, trainer, tracker, run_dir, last_saved) from None
             except WorkerLost as err:
                 if err.step_metrics is None:  # before the update: the step did not happen
                     raise worker_lost(err, run, trainer, tracker, run_dir) from None
@@ -227,6 +307,8 @@ def train(cfg: Config, run_dir: Path) -> Path:
                     metrics.update({f"eval/{k}": v for k, v in held_out.items()})
             except WorkerLost as err:
                 lost = err  # the step's rows are written all the same, without the eval
+            except Unscorable as err:  # the evaluation measured nothing; the step is sound
+                unscored_evaluation(err, run.step, tracker)
             tracker.log(metrics, samples, advantages)
             if (why := trainer.untrained(run, metrics)) is not None:
                 if not untrained:  # once a run: the count comes at the end
@@ -242,7 +324,7 @@ def train(cfg: Config, run_dir: Path) -> Path:
             stopping = bool(distributed.all_max(int(guard.stopping)))
             due = t.save_every and run.step % t.save_every == 0
             if due or run.step == t.max_steps or stopping:
-                saved = trainer.save(run, run_dir)
+                saved, last_saved = trainer.save(run, run_dir), run.step
             if stopping:
                 tracker.finish()
                 raise guard.stop(run.step, saved, run_dir)

@@ -15,17 +15,18 @@ import functools
 import importlib
 import importlib.util
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-from rlcli.config import CONF_DIR, ConfigError
+from rlcli.config import CONF_DIR, AlgoConfig, ConfigError, SamplerConfig
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs, estimate
 from rlcli.ops.losses import LOSS_INPUTS, LOSSES
-from rlcli.ops.objective import loss_of
+from rlcli.ops.objective import Objective, loss_of
 from rlcli.ops.pieces import Piece, PieceError, piece, settings_problem
-from rlcli.ops.policy_loss import CLIP_BOUNDS, RATIOS
+from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
 
 
 def is_file_spec(name: str) -> bool:
@@ -88,6 +89,28 @@ def _load(spec: str, key: str, target: str, attr: str):
     if not callable(fn):
         raise ConfigError(f"{key}={spec}: {target} has no function {attr!r}.")
     return fn
+
+
+def own_pieces(cfg) -> tuple[str, ...]:
+    """The user's own functions the objective runs, as "algo.loss=file.py:fn"."""
+    keys = {"algo.loss": cfg.algo.loss, "algo.advantage": cfg.algo.advantage}
+    if cfg.algo.objective != "clipped":
+        return ()
+    return tuple(f"{key}={name}" for key, name in keys.items() if is_file_spec(name))
+
+
+def start_warnings(cfg) -> list[str]:
+    """What a run should hear at its start about its pieces' settings."""
+    t, algo = cfg.trainer, cfg.algo
+    lines = []
+    if "on_policy" in advantage_piece(algo.advantage).needs and t.mini_batches * t.epochs > 1:
+        lines.append(
+            f"rlcli: warning: algo.advantage={algo.advantage} is meant for exactly on-policy "
+            f"updates (one mini-batch, one epoch), but trainer.mini_batches={t.mini_batches} and "
+            f"trainer.epochs={t.epochs} make every update after the first learn from an older "
+            "policy's samples; its baseline no longer is the optimal one."
+        )
+    return lines
 
 
 def needs(cfg, what: str) -> bool:
@@ -217,8 +240,6 @@ def try_user_pieces(cfg, loss: Piece, estimator: Piece) -> None:
         lo, hi = CLIP_BOUNDS[algo.clip](old, eps_low=algo.eps_low, eps_high=algo.eps_high)
         per_response = "response_advantage" in loss.needs
         advantages = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(rows, width)
-        from rlcli.train.learner import objective_from_config  # the learner imports this module
-
         loss_of(
             objective_from_config(algo, cfg.sampler, algo.norm_len or 1),
             logp=logp,
@@ -232,6 +253,29 @@ def try_user_pieces(cfg, loss: Piece, estimator: Piece) -> None:
             hi=hi,
             selected=torch.zeros(rows, width, dtype=torch.bool) if not per_response else None,
         )
+
+
+def objective_from_config(algo: AlgoConfig, sampler: SamplerConfig, norm_len: int) -> Objective:
+    """The policy loss `algo.*` chooses, over the distribution `sampler.*` samples from."""
+    loss = loss_piece(algo.loss)
+    return Objective(
+        ratio=RATIOS[algo.ratio],
+        bounds=partial(CLIP_BOUNDS[algo.clip], eps_low=algo.eps_low, eps_high=algo.eps_high),
+        loss=loss,
+        # KL in the reward (PPO) is applied to the rewards, not here.
+        kl=KL_ESTIMATORS[algo.kl] if algo.beta > 0 and algo.kl_in == "loss" else None,
+        aggregate=partial(AGGREGATIONS[algo.aggregation], norm_len=norm_len),
+        beta=algo.beta,
+        dual_clip=algo.dual_clip,
+        entropy_coef=algo.entropy_coef,
+        eps_low=algo.eps_low,
+        eps_high=algo.eps_high,
+        loss_settings=dict(algo.loss_settings),
+        select=loss.select if "minibatch_stats" in loss.needs else None,
+        top_entropy=algo.top_entropy,
+        temperature=sampler.temperature,
+        tis_cap=sampler.tis_cap if sampler.old_logp == "sampler" else None,
+    )
 
 
 def describe_pieces() -> str:

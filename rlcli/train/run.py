@@ -7,15 +7,13 @@ and `train.loop.train` drives the steps.
 
 from __future__ import annotations
 
-import inspect
 import random
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rlcli.config import Config, ConfigError, TrainerConfig
+from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
 from rlcli.data.problems import Problem, PromptStream, fit_prompts
 from rlcli.data.records import read_texts
@@ -49,6 +47,7 @@ from rlcli.train.critic import make_critic
 from rlcli.train.learner import TokenLogprobModel, objective_from_config
 from rlcli.train.pieces import advantage_piece
 from rlcli.train.run_dir import config_dict
+from rlcli.train.schedule import check_lr_schedule, lr_schedule  # noqa: F401 - validate imports the check from here
 
 
 @dataclass
@@ -171,94 +170,6 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if checkpoint is not None:
         restore(run, checkpoint)
     return run
-
-
-# `trainer.lr_scheduler`: transformers' schedules that need only the warm-up and the total
-# number of updates. Left out: reduce_lr_on_plateau and greedy (they follow a loss going down,
-# which an RL loss does not), cosine_warmup_with_min_lr (cosine_with_min_lr with another start
-# of the warm-up, which `lr_schedule` already moves), warmup_stable_decay (its phases are set
-# in optimiser updates, not in steps).
-LR_SCHEDULES = (
-    "constant_with_warmup",
-    "constant",
-    "linear",
-    "cosine",
-    "cosine_with_min_lr",
-    "cosine_with_restarts",
-    "polynomial",
-    "inverse_sqrt",
-)
-# Arguments of a schedule function that `lr_schedule` sets itself, not lr_scheduler_kwargs.
-_SET_BY_RLCLI = {"optimizer", "num_warmup_steps", "num_training_steps", "last_epoch"}
-
-
-def lr_schedule(optimizer: torch.optim.Optimizer, t: TrainerConfig):
-    """`trainer.lr_scheduler` over the run's optimiser updates (trainer.mini_batches x
-    trainer.epochs per step, trainer.max_steps steps), from `transformers.get_scheduler`.
-
-    transformers' warm-up gives update 0 a rate of 0: a whole RL step sampled for nothing.
-    So the schedule is built one update longer and stepped once before training: with W
-    warm-up updates, update i runs at lr (i+1)/(W+1) up to the full rate (the warm-up rlcli
-    always had), and what follows is transformers' schedule unchanged (linear's last update
-    at lr/(T-W), as in TRL).
-    """
-    from transformers import get_scheduler
-
-    per_step = t.mini_batches * t.epochs
-    scheduler = get_scheduler(
-        t.lr_scheduler,
-        optimizer,
-        num_warmup_steps=t.warmup_steps * per_step + 1,
-        num_training_steps=t.max_steps * per_step + 1,
-        scheduler_specific_kwargs=dict(t.lr_scheduler_kwargs),
-    )
-    with warnings.catch_warnings():  # torch warns of a scheduler step before the optimiser's
-        warnings.simplefilter("ignore")
-        scheduler.step()
-    return scheduler
-
-
-def lr_schedule_settings(name: str) -> list[str]:
-    """The settings (`trainer.lr_scheduler_kwargs`) the schedule `name` takes."""
-    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, SchedulerType
-
-    if name in ("constant", "constant_with_warmup"):  # get_scheduler passes them none
-        return []
-    function = TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)]
-    return [p for p in inspect.signature(function).parameters if p not in _SET_BY_RLCLI]
-
-
-def check_lr_schedule(t: TrainerConfig) -> None:
-    """A ConfigError for a schedule rlcli does not run or settings it does not take; the
-    schedule is then built on a stand-in parameter, so that transformers' own checks (say,
-    cosine_with_min_lr without min_lr_rate) fail here rather than after the models load."""
-    name, kwargs = t.lr_scheduler, dict(t.lr_scheduler_kwargs)
-    if name not in LR_SCHEDULES:
-        raise ConfigError(
-            f"trainer.lr_scheduler={name!r} is not one of the valid choices: "
-            f"{', '.join(LR_SCHEDULES)}."
-        )
-    if name == "constant" and t.warmup_steps:
-        raise ConfigError(
-            f"trainer.lr_scheduler=constant has no warm-up, but trainer.warmup_steps="
-            f"{t.warmup_steps}: use trainer.lr_scheduler=constant_with_warmup (the default), or "
-            "trainer.warmup_steps=0."
-        )
-    settings = lr_schedule_settings(name)
-    if unknown := sorted(set(kwargs) - set(settings)):
-        raise ConfigError(
-            f"trainer.lr_scheduler_kwargs sets {', '.join(unknown)}, which "
-            f"trainer.lr_scheduler={name} does not take; its settings: "
-            f"{', '.join(settings) or 'none'}."
-        )
-    stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=t.lr)
-    try:
-        lr_schedule(stand_in, t)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(
-            f"trainer.lr_scheduler={name} with trainer.lr_scheduler_kwargs={kwargs}: {err} "
-            f"(its settings: {', '.join(settings) or 'none'})."
-        ) from None
 
 
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:

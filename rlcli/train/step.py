@@ -18,7 +18,7 @@ import torch
 from rlcli.config import Config, ConfigError
 from rlcli.data.problems import render_prompt
 from rlcli.env import system_prompt
-from rlcli.ops.advantages import AdvantageInputs
+from rlcli.ops.advantages import AdvantageInputs, estimate
 from rlcli.ops.policy_loss import adaptive_kl_beta, kl_reward_penalty
 from rlcli.rewards.components import component_names
 from rlcli.rewards.sampling import sample_and_score
@@ -46,6 +46,7 @@ def reward_metrics(rounds: list[Scores]) -> dict[str, float]:
         total=torch.cat([r.total for r in rounds]),
         components={k: torch.cat([r.components[k] for r in rounds]) for k in rounds[0].components},
         errors=[e for r in rounds for e in r.errors],
+        log_only=rounds[0].log_only,
     )
     return joined.metrics()
 
@@ -203,6 +204,8 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
 
     lengths = rollout.lengths.float()  # response tokens, tool turns left out
     missing = scores.isnan()
+    if rollout.baseline_scores is not None:  # ReMax: no greedy reward, no baseline to learn from
+        missing = missing | rollout.baseline_scores.to(missing.device).isnan()
     if missing.any():
         # A response whose reward failed teaches nothing: it stays out of the loss.
         keep = (~missing).to(rollout.response_mask)[:, None]
@@ -240,8 +243,8 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     logprobs_done = time.perf_counter()
 
     old_values = batch_values(run.critic, rollout, mbs) if run.critic is not None else None
-    estimator = advantage_piece(algo.advantage)
-    advantages, returns = estimator.run(
+    advantages, returns = estimate(
+        advantage_piece(algo.advantage),
         dict(algo.advantage_settings),
         x=AdvantageInputs(
             scores=scores,
