@@ -3,6 +3,7 @@ sandbox, the episode mechanics and masks, the loss that never sees tool tokens, 
 with vLLM."""
 
 import contextlib
+import logging
 import math
 import socket
 import subprocess
@@ -162,6 +163,19 @@ def test_unsandboxed_python_tool_still_has_its_limits_and_hook():
     assert hang.timeout
     refused = run_python("import ctypes; ctypes.CDLL(None)", 5, 512, sandbox="none")
     assert refused.error and "sandbox refuses ctypes" in refused.text
+
+
+def test_a_run_with_env_sandbox_none_says_it_is_unsafe(caplog):
+    """The escapes the box stops go through env.sandbox=none (45 of 89, as documented): every
+    run that gives the model the python tool that way says so when it starts, once."""
+    with caplog.at_level(logging.WARNING, logger="rlcli"):
+        Toolbox(env_section("python", sandbox="none"))
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(said) == 1 and "env.sandbox=none" in said[0] and "unsafe" in said[0], said
+        caplog.clear()
+        Toolbox(env_section("python"))  # in the box: nothing to say
+        Toolbox(env_section("calculator", sandbox="none"))  # no code runs
+        assert caplog.records == []
 
 
 def test_the_sandbox_has_a_network_namespace_of_its_own():

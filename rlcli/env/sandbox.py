@@ -6,19 +6,27 @@ system contains it, through bubblewrap (`bwrap`, a tool made for unprivileged co
 - its own pid, network, ipc, uts, mount and cgroup namespaces: no other process, no network
   (a loopback of its own), no host socket, Unix or abstract;
 - a root of its own holding only /usr, the Python installation and the child script, all
-  read-only; its own /proc and a minimal /dev; a tmpfs of `disk_mb` MiB as /tmp, its working
-  directory and only writable place (another bounded one on /dev/shm), gone when it ends;
+  read-only; its own /proc and a minimal /dev, read-only too; a tmpfs of `disk_mb` MiB as
+  /tmp, its working directory and only writable place (another bounded one on /dev/shm), gone
+  when it ends;
 - an unprivileged user with no capabilities: started by root, bubblewrap makes the namespaces
   and `setpriv` then becomes `nobody` (65534) inside, so rlimits bind (started by another
   user, bubblewrap's user namespace maps the box's user to that user, and nested user
   namespaces are disabled);
-- the seccomp filter of `seccomp.py`; a new session; killed with its parent;
+- the seccomp filter of `seccomp.py` (no new process or thread, no memory the address-space
+  limit misses: memfd, System V shared memory, extended attributes; sockets only of the
+  families the network namespace contains, so no AF_VSOCK); a new session; killed with its
+  parent;
+- where this user can make one (root under cgroup v1's memory hierarchy, or a v2 cgroup with
+  the memory controller open), a memory cgroup of the code's limit, its two tmpfs and
+  `CGROUP_SLACK_MB`: the one limit that counts the kernel's memory too (files' inodes);
 - bubblewrap itself started with a minimal environment, so no process of the box can read the
   trainer's tokens (the box's pid 1 keeps the environment it was started with);
 - rlimits and the audit hook that `sandbox_child.py` adds inside: CPU, address space, file
-  size, no new process or thread, no core; the hook only gives clearer messages.
+  size, no new process or thread, 256 open files, no core; the hook only gives clearer
+  messages.
 With `env.sandbox=none` the code runs in a plain process with the rlimits and the hook only,
-in a temporary directory: not contained (docs/tools.md).
+in a temporary directory: not contained (docs/tools.md), and the run says so as it starts.
 
 `run_function` runs a user's `file.py:name` tool, limited in time and output only (the user's
 own code), in a fresh temporary directory with an environment of PATH and HOME.
@@ -52,6 +60,16 @@ BOX_HOME, BOX_CHILD = "/tmp", "/rlcli/sandbox_child.py"
 NOBODY = 65534
 # The one environment bubblewrap itself sees, and the one the box's code sees.
 BWRAP_ENV = {"PATH": "/usr/bin:/bin"}
+# Where a memory cgroup can be made, the box runs in one of its code's limit, its two tmpfs and
+# this much for what the kernel keeps for it (page tables, files' inodes, sockets' queues):
+# the one limit that counts everything, which the rlimits and the filter cannot.
+CGROUP_SLACK_MB = 64
+# The files that set a cgroup's memory limit and its swap (cgroup v1, v2).
+V1 = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+V2 = ("memory.max", "memory.swap.max")
+# Run by sh as `sh -c ENTER_CGROUP PROCS COMMAND...`: moves itself into the cgroup, then becomes
+# bubblewrap, so that every process of the box starts inside it.
+ENTER_CGROUP = 'echo $$ > "$0" && exec "$@"'
 CODE_ENV = {
     "PATH": "/usr/bin:/bin",
     "HOME": BOX_HOME,
@@ -73,14 +91,19 @@ def run_python(
     limits["boxed"] = True
     program = filter_program()
     seccomp = _memfd(program) if program else None
+    cgroup = _make_cgroup(memory_mb + 2 * disk_mb + CGROUP_SLACK_MB)
     try:
-        box = box_command(disk_mb, seccomp)
-        command = [*box, sys.executable, "-I", "-u", BOX_CHILD, "code", json.dumps(limits)]
+        command = [*box_command(disk_mb, seccomp), sys.executable, "-I", "-u", BOX_CHILD]
+        command += ["code", json.dumps(limits)]
+        if cgroup is not None:
+            command = ["sh", "-c", ENTER_CGROUP, str(cgroup / "cgroup.procs"), *command]
         fds = (seccomp,) if seccomp is not None else ()
         return _run(command, code, timeout_s, cwd="/", env=BWRAP_ENV, pass_fds=fds)  # cwd / = box
     finally:
         if seccomp is not None:
             os.close(seccomp)
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
 
 
 def box_command(disk_mb: int, seccomp_fd: int | None = None) -> list[str]:
@@ -107,6 +130,10 @@ def box_command(disk_mb: int, seccomp_fd: int | None = None) -> list[str]:
     size = str(disk_mb * 2**20)
     for place in (BOX_HOME, "/dev/shm"):  # writable by the box's user, sticky as usual
         cmd += ["--perms", "1777", "--size", size, "--tmpfs", place]
+    # bubblewrap's root and /dev are tmpfs of no size (half the machine's memory), owned by
+    # the box's user when it is not root: read-only, they leave the two above the only
+    # writable places (the mounts on them stay writable, and a device node still opens).
+    cmd += ["--remount-ro", "/dev", "--remount-ro", "/"]
     cmd += ["--chdir", BOX_HOME, "--clearenv"]
     for key, value in CODE_ENV.items():
         cmd += ["--setenv", key, value]
@@ -163,6 +190,69 @@ def check_function(spec: str, timeout_s: float) -> str | None:
     command = [sys.executable, "-I", "-u", str(CHILD), "check", f"{target}:{name}", path]
     done = _in_temporary_directory(command, "", timeout_s)
     return (done.text or "it failed") if (done.error or done.timeout) else None
+
+
+def _make_cgroup(limit_mb: int) -> Path | None:
+    """A new memory cgroup holding at most `limit_mb` MiB, where this user can make one and
+    enter it (`_cgroup_places`); None elsewhere."""
+    for base, files in _cgroup_places():
+        try:
+            path = Path(tempfile.mkdtemp(prefix="rlcli-box-", dir=base))
+        except OSError:
+            continue
+        try:
+            (path / files[0]).write_text(str(limit_mb * 2**20))
+            if (path / files[1]).exists():  # no swap either (v1: memory and swap together)
+                (path / files[1]).write_text(str(limit_mb * 2**20) if files == V1 else "0")
+            return path
+        except OSError:
+            _remove_cgroup(path)
+    return None
+
+
+@functools.cache
+def _cgroup_places() -> tuple[tuple[Path, tuple[str, str]], ...]:
+    """Where a box's memory cgroup can go: under this process's own cgroup, in v1's memory
+    hierarchy, or in v2's where the memory controller is open to children (a v2 cgroup with
+    processes cannot open it: in practice only root's top). Each kept once a cgroup made there
+    could be entered."""
+    places = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, own = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            places.append((Path("/sys/fs/cgroup/memory" + own), V1))
+        elif not controllers:
+            for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+                control = Path(mount + own) / "cgroup.subtree_control"
+                if control.is_file() and "memory" in control.read_text().split():
+                    places.append((control.parent, V2))
+    return tuple(place for place in places if _can_enter(place))
+
+
+def _can_enter(place: tuple[Path, tuple[str, str]]) -> bool:
+    path = None
+    try:
+        path = Path(tempfile.mkdtemp(prefix="rlcli-box-", dir=place[0]))
+        enter = ["sh", "-c", ENTER_CGROUP, str(path / "cgroup.procs"), "true"]
+        return subprocess.run(enter, capture_output=True, env=BWRAP_ENV).returncode == 0
+    except OSError:
+        return False
+    finally:
+        if path is not None:
+            _remove_cgroup(path)
+
+
+def _remove_cgroup(path: Path) -> None:
+    """Removed once the box's last process has gone (it dies with bubblewrap, a moment
+    later); left behind empty after 2 s."""
+    for _ in range(100):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
 
 
 @functools.cache

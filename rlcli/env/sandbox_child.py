@@ -5,7 +5,8 @@ input on stdin, in a fresh temporary directory.
 `code` mode, before the model's code runs. Inside bubblewrap's box (`boxed`, the default;
 `sandbox.py` says what the box is), which is what contains the code:
 1. resource limits: CPU seconds, address space, file size, no child processes or threads,
-   no core file (they bind: the box's user is not root);
+   256 open files (each socket holds kernel memory), no core file (they bind: the box's user
+   is not root; the seccomp filter refuses new processes whatever a per-user count says);
 2. an audit hook (PEP 578) refusing sockets and new processes with a message the model can
    read ("the sandbox refuses socket.connect") instead of the kernel's bare errno. It is
    not a containment: code can switch it off (tests/test_sandbox.py does), and nothing
@@ -24,6 +25,7 @@ import os
 import sys
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+OPEN_FILES = 256
 # Audit events refused outright: the network, new processes, signals, native calls.
 REFUSED = (
     "socket.",
@@ -80,6 +82,10 @@ def set_limits(cpu_s: int, memory_mb: int) -> None:
         (resource.RLIMIT_FSIZE, 16 * 2**20),
         (resource.RLIMIT_NPROC, 0),
         (resource.RLIMIT_CORE, 0),
+        # A socket queues ~220 KiB of kernel memory that RLIMIT_AS does not count: 200 Unix
+        # socket pairs held 44 MiB, so the 20,000 descriptors allowed before held 2.2 GiB.
+        # 256 hold at most ~28 MiB.
+        (resource.RLIMIT_NOFILE, OPEN_FILES),
     ):
         resource.setrlimit(limit, (value, value))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import logging
 import math
 import operator
 import sys
@@ -31,6 +32,8 @@ from rlcli.env.sandbox import (
     run_python,
     sandbox_problem,
 )
+
+log = logging.getLogger("rlcli")
 
 # --- calculator -------------------------------------------------------------------------------
 
@@ -141,6 +144,13 @@ class ToolSpec:
 
 
 def _python(env: EnvConfig):
+    if env.sandbox == "none":  # once per run, as its toolbox is made: not only in the docs
+        log.warning(
+            "env.sandbox=none: the python tool runs model-written code in a plain process, "
+            "unsafe: it can read, write and signal whatever your user can (the escapes that "
+            "the bubblewrap box stops go through). Use env.sandbox=bwrap (the default) unless "
+            "you trust the code."
+        )
     return lambda code: run_python(
         code, env.tool_timeout_s, env.python_memory_mb, env.python_disk_mb, env.sandbox
     )
