@@ -516,13 +516,19 @@ def finished_run_rerun_with_a_push_offline(tmp: Path) -> str | None:
 def export_to_a_full_disk(tmp: Path) -> str | None:
     """`rlcli export` onto a disk without room for the model.
     It exits 2 naming the directory, and leaves no half-written model there."""
+    return _export_onto_a_small_disk(tmp, 4, "cannot be written")
+
+
+def _export_onto_a_small_disk(tmp: Path, size_mb: int, said: str) -> str | None:
+    """`rlcli export` of the tiny model onto a disk of `size_mb` MiB: None when it exits 2 with
+    `said` after the output directory and leaves nothing there."""
     from rlcli.runtime.models import resolve_model_path
     from rlcli.validate import compose
 
     cfg = compose(["model=tiny"])
-    model = resolve_model_path(cfg.model, cfg.trainer.seed)
+    model = resolve_model_path(cfg.model, cfg.trainer.seed)  # 12.9 MB of weights, 3.5 of tokenizer
     err, code = io.StringIO(), 0
-    with small_disk(tmp / "disk", 4) as disk:
+    with small_disk(tmp / "disk", size_mb) as disk:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             try:
                 main(["export", model, str(disk / "out")])
@@ -532,7 +538,7 @@ def export_to_a_full_disk(tmp: Path) -> str | None:
                 return f"a traceback:\n{traceback.format_exc()}"
         left = sorted(p.name for p in disk.iterdir())
     line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
-    if code != 2 or f"{disk / 'out'} cannot be written" not in line:
+    if code != 2 or f"{disk / 'out'} {said}" not in line:
         return f"not a clear error: {code} {line}"
     return None if not left else f"left on the disk: {left}"
 
@@ -694,25 +700,7 @@ def export_whose_tokenizer_does_not_fit(tmp: Path) -> str | None:
     """`rlcli export` onto a disk with room for the weights but not the tokenizer.
     It exits 2 naming the directory and the full disk (the tokenizers library reports it as a
     plain Exception), and leaves no model beside a cut-short tokenizer.json."""
-    from rlcli.runtime.models import resolve_model_path
-    from rlcli.validate import compose
-
-    cfg = compose(["model=tiny"])
-    model = resolve_model_path(cfg.model, cfg.trainer.seed)  # 12.9 MB of weights, 3.5 of tokenizer
-    err, code = io.StringIO(), 0
-    with small_disk(tmp / "disk", 15) as disk:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            try:
-                main(["export", model, str(disk / "out")])
-            except SystemExit as exit_:
-                code = exit_.code
-            except Exception:  # noqa: BLE001 - an escaped exception is what we look for
-                return f"a traceback:\n{traceback.format_exc()}"
-        left = sorted(p.name for p in disk.iterdir())
-    line = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
-    if code != 2 or f"{disk / 'out'} cannot be written: No space left" not in line:
-        return f"not a clear error: {code} {line}"
-    return None if not left else f"left on the disk: {left}"
+    return _export_onto_a_small_disk(tmp, 15, "cannot be written: No space left")
 
 
 FAULTS.append(export_whose_tokenizer_does_not_fit)

@@ -178,7 +178,12 @@ CLAIMS = {
     "entropy_mechanism": Claim(
         claim="Clip-Cov and KL-Cov keep the policy's entropy above GRPO's.",
         source="Cui et al. 2025 (The Entropy Mechanism of RL for Reasoning LMs), Fig. 1",
-        arms={"grpo": ["algo=grpo"], "clip_cov": ["algo=clip_cov"], "kl_cov": ["algo=kl_cov"]},
+        # GRPO's KL in every arm, as measured; the configs' own beta is now their paper's, 0.
+        arms={
+            "grpo": ["algo=grpo"],
+            "clip_cov": ["algo=clip_cov", "algo.beta=0.04"],
+            "kl_cov": ["algo=kl_cov", "algo.beta=0.04"],
+        },
         metric="actor/entropy",
         direction=+1,
         steps=40,

@@ -32,9 +32,10 @@ EXTRA = {
     "gmpo": ["trainer.bf16_autocast=false"],
     "clip_cov": ["trainer.bf16_autocast=false"],
     "reinforce_pp_baseline": ["trainer.bf16_autocast=false"],
-    # Unnormalised advantages (R - b, spread ~0.05) drown under GRPO's KL: as Dr.GRPO, no KL.
-    "opo": ["trainer.bf16_autocast=false", "algo.beta=0"],
-    # As OPO (R minus the greedy reply's reward is unnormalised); its reward rises later.
+    # Unnormalised advantages (R - b, spread ~0.05); OPO's own beta is 0, as its paper's.
+    "opo": ["trainer.bf16_autocast=false"],
+    # R minus the greedy reply's reward is unnormalised, as OPO's, and the paper's k1 reward
+    # penalty (beta 0.05) would drown it, as RLOO's would: no KL; its reward rises later.
     "remax": ["trainer.bf16_autocast=false", "algo.beta=0"],
     # KL in the token rewards, as for RLOO above: a small beta.
     "reinforce_pp": ["trainer.bf16_autocast=false", "algo.beta=0.001"],
@@ -87,3 +88,31 @@ def test_adaptive_kl_controller_moves_beta_towards_the_target():
         for _ in range(3):
             train_step(run)
     assert above.beta > 0.04 > below.beta
+
+
+# Each objective's KL to the reference, from its paper or, where the paper gives none, from the
+# reference script its YAML comment names: beta alone where there is none (0), else (beta,
+# estimator, where). None of them keeps GRPO's 0.04 by starting from algo=grpo.
+PAPER_KL = {
+    "cispo": 0.0,  # MiniMax-M1: the CISPO objective has no KL term
+    "sapo": 0.0,  # no coefficient in the paper; verl's and TRL's SAPO recipes use none
+    "gmpo": 0.0,  # the authors' script: --beta 0; TRL's GMPO example: beta=0.0
+    "clip_cov": 0.0,  # the entropy-mechanism paper's DAPO-based scripts: kl_coef 0, no KL loss
+    "kl_cov": 0.0,  # the same scripts
+    "opo": 0.0,  # "without additional models or regularization terms"
+    "remax": (0.05, "k1", "reward"),  # the authors' scripts: --kl_ctl 0.05, k1 in the return
+    "reinforce_pp_baseline": (1e-5, "k2", "loss"),  # OpenRLHF's reinforce_baseline example
+    "reinforce_pp": (0.01, "k1", "reward"),  # OpenRLHF's default init_kl_coef
+    "gpg": 0.0,  # GPG: no reference model
+    "luspo": 0.0,  # GSPO's, which it starts from
+}
+
+
+@pytest.mark.parametrize("algo", sorted(PAPER_KL))
+def test_each_objective_takes_its_kl_from_its_paper_not_from_grpo(algo):
+    cfg = compose([f"algo={algo}", "sampler=hf"]).algo
+    want = PAPER_KL[algo]
+    if isinstance(want, tuple):
+        assert (cfg.beta, cfg.kl, cfg.kl_in) == want
+    else:
+        assert cfg.beta == want
