@@ -215,7 +215,8 @@ def test_a_batch_call_that_hangs_spends_the_batch_time_once(from_file):
     # 3 x 0.5 s in all: the batch call gets half, then each sample alone finds the culprit
     # ("7" spends its 0.5 s again); the others are scored and the run goes on.
     scores = s(samples("1", "7", "2"))
-    assert time.perf_counter() - start < 1.5 + 0.4  # the budget, and fresh workers started
+    # the budget, and fresh workers started (slack for a loaded machine; twice the budget is 3 s)
+    assert time.perf_counter() - start < 1.5 + 1.0
     assert scores.total[[0, 2]].tolist() == [1.0, 1.0]
     assert scores.missing.tolist() == [False, True, False]
     assert scores.errors == [

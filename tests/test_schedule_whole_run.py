@@ -54,6 +54,7 @@ def test_a_warm_up_longer_than_the_run_is_a_warning(capsys):
     )
 
 
+@pytest.mark.slow  # a whole run; scripts/bad_input.py's schedule cases cover the refusal
 def test_a_schedule_that_would_fail_after_the_last_step_exits_2_before_loading(tmp_path):
     # Before: both steps trained, then ZeroDivisionError in the scheduler after the last
     # update, on this and every later attempt (the run could never finish).
