@@ -93,9 +93,9 @@ def _load(spec: str, key: str, target: str, attr: str):
 
 def own_pieces(cfg) -> tuple[str, ...]:
     """The user's own functions the objective runs, as "algo.loss=file.py:fn"."""
-    keys = {"algo.loss": cfg.algo.loss, "algo.advantage": cfg.algo.advantage}
     if cfg.algo.objective != "clipped":
         return ()
+    keys = {"algo.loss": cfg.algo.loss, "algo.advantage": cfg.algo.advantage}
     return tuple(f"{key}={name}" for key, name in keys.items() if is_file_spec(name))
 
 
@@ -170,7 +170,7 @@ def check_pieces(cfg) -> None:
             "the first learns from an older policy's samples with no correction. Use "
             "trainer.mini_batches=1 trainer.epochs=1, or a loss with a ratio (ppo_clip)."
         )
-    if is_file_spec(algo.loss) or is_file_spec(algo.advantage):
+    if own_pieces(cfg):
         try:
             try_user_pieces(cfg, loss, estimator)
         except PieceError as err:
