@@ -44,6 +44,8 @@ def _choices() -> dict[str, list[str]]:
         "data.answer_format": sorted(ANSWER_FORMATS),
         "logger.name": ["jsonl", "wandb", "tensorboard", "mlflow"],
         "trainer.dtype": ["float32", "bfloat16", "float16"],
+        "trainer.attention": ["auto", "eager", "sdpa", "flex_attention"],
+        "model.gradient_checkpointing": ["auto", "true", "false"],
     }
 
 
@@ -295,6 +297,8 @@ def validate(raw: DictConfig) -> Config:
         key = getattr(err, "full_key", None)
         raise ConfigError(f"Invalid config value{f' at {key}' if key else ''}: {first}") from None
     cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    # A YAML or command-line true/false reaches the string field as "True"/"False".
+    cfg.model.gradient_checkpointing = cfg.model.gradient_checkpointing.lower()
     for key, allowed in _choices().items():
         group, name = key.split(".")
         value = getattr(getattr(cfg, group), name)
@@ -303,6 +307,7 @@ def validate(raw: DictConfig) -> Config:
             raise ConfigError(f"{key}={value!r} is not one of the valid choices: {valid}.")
     _check_finite(cfg)
     _check_ranges(cfg)
+    _check_attention(cfg)
     from rlcli.env.tools import check_env
     from rlcli.rollout.servers import check_worker_settings
     from rlcli.train.run import check_lr_schedule
@@ -316,6 +321,17 @@ def validate(raw: DictConfig) -> Config:
     if cfg.sampler.old_logp == "auto":
         cfg.sampler.old_logp = auto_old_logp(cfg)
     return cfg
+
+
+def _check_attention(cfg: Config) -> None:
+    from rlcli.runtime.models import pick_device
+
+    if cfg.trainer.attention == "flex_attention" and pick_device(cfg.trainer.device).type != "cuda":
+        raise ConfigError(
+            f"trainer.attention=flex_attention needs a CUDA device (trainer.device="
+            f"{cfg.trainer.device}): PyTorch has no flex_attention backward on CPU. Use "
+            "trainer.attention=auto (eager on CPU), eager or sdpa."
+        )
 
 
 def auto_old_logp(cfg: Config) -> str:

@@ -20,7 +20,7 @@ Decode is also bound by memory: each decode step of the batch reads every weight
 sampling cannot beat (longest response) x (weight bytes) / (measured read bandwidth).
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - rlcli before torch, below
 
 import argparse
 import json
@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import rlcli  # noqa: F401 - before torch: it sets the CPU allocator's huge pages
 import torch
 
 from rlcli.runtime import distributed

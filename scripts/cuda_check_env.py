@@ -11,7 +11,7 @@ import time
 import torch
 
 from rlcli.rollout.batch import rollout_from_tokens
-from rlcli.train.learner import token_logprobs
+from rlcli.train.forward import token_logprobs
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from rlcli.validate import compose

@@ -1,28 +1,42 @@
 """The learner on a CUDA GPU, in one script of a few minutes (GPU machines here have torch,
 transformers and peft but no vLLM, so sampling is `sampler=hf`):
 
-1. throughput: rlcli's learner (`train.learner.learn`: FSDP2 on one rank, bfloat16 autocast
-   over float32 weights and AdamW, gradient checkpointing, shared-prompt passes of at most
-   `--tokens` tokens) on a model of Qwen2.5-1.5B's shape built from its config with random
-   weights (no download): tokens/s, model FLOP utilisation against the card's bfloat16 peak,
-   and peak memory against docs/scaling.md's rule (16 bytes per parameter, plus activations);
+1. throughput: rlcli's learner (`train.learner.learn`: FSDP2 on one rank, as under torchrun on
+   one GPU) on a model of Qwen2.5-1.5B's shape built from its config with random weights (no
+   download), in configurations that each turn one lever off or on against "default":
+   - default: bfloat16 weights gathered by FSDP2 over float32 masters, gradients and AdamW (no
+     autocast), sdpa attention, gradient checkpointing, shared-prompt passes of at most
+     `--tokens` tokens (what rlcli runs);
+   - autocast: float32 weights under bfloat16 autocast instead (what rlcli ran before);
+   - flex_attention: groups packed into rows of up to `--tokens` tokens under a block mask
+     (CUDA only: PyTorch has no flex_attention backward on the CPU);
+   - no_checkpointing: gradient checkpointing off (skipped where it runs out of memory);
+   - padded: a row per response, its prompt read again each time (`share_prompts=False`).
+   Each reports tokens/s, model FLOP utilisation against the card's bfloat16 peak, and peak
+   memory against docs/scaling.md's rule (16 bytes per parameter, plus activations); default
+   also its 10 top kernels in one profiled step (operators on the CPU), each with its share of
+   the step's summed self time;
 2. two GRPO steps end to end with `sampler=hf` on the tiny model (a dense reward);
 3. one LoRA step;
 4. CUDA's loss and gradients against the CPU's on the tiny model (float32).
 
     python scripts/gpu_check.py                   # on the GPU: prints GPU CHECK PASSED and JSON
     python scripts/gpu_check.py --device cpu --small   # the same code, tiny shapes, on CPU
+    python scripts/gpu_check.py --levers default,flex_attention   # some configurations only
 
-Model FLOPs count 6 per parameter per token read (forward and backward; the LM head on the
-response tokens only), none for attention scores or checkpointing's recompute, so the
-utilisation is a lower bound. `--small` (for CPU and the test suite) swaps the 1.5B shape for
-a 2-layer one and skips the CUDA-against-CPU comparison.
+Model FLOPs count 6 per parameter per token of useful work (each group's prompt once and its
+responses; forward and backward; the LM head on the response tokens only), none for attention
+scores or checkpointing's recompute, so the utilisation is a lower bound, and padded's shows
+what reading each prompt again costs. `--small` (for CPU and the test suite) swaps the 1.5B
+shape for a 2-layer one, runs default, autocast and padded only, and skips the
+CUDA-against-CPU comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import math
 import os
@@ -34,7 +48,8 @@ from rlcli.rollout.batch import rollout_from_tokens
 from rlcli.runtime import distributed
 from rlcli.runtime.models import adamw
 from rlcli.train.batch import TrainBatch
-from rlcli.train.learner import TokenLogprobModel, UpdatePlan, learn, objective_from_config
+from rlcli.train.forward import TokenLogprobModel
+from rlcli.train.learner import UpdatePlan, learn, objective_from_config
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from rlcli.validate import compose
@@ -97,7 +112,31 @@ def synthetic_batch(vocab: int, prompts: int, group: int, prompt_len: int, respo
     return TrainBatch(rollout, torch.zeros(n, device=device), advantages)
 
 
-def throughput(device: torch.device, small: bool, tokens: int, passes: int) -> dict:
+# What each configuration changes from "default", rlcli's learner on one GPU under torchrun.
+LEVERS = {
+    "default": {},
+    "autocast": {"bf16_weights": False},
+    "flex_attention": {"attention": "flex_attention"},
+    "no_checkpointing": {"checkpointing": False},
+    "padded": {"share_prompts": False},
+}
+SMALL_LEVERS = "default,autocast,padded"  # --small's: the CPU test stays short
+
+
+def measure(
+    device: torch.device,
+    small: bool,
+    tokens: int,
+    passes: int,
+    bf16_weights: bool = True,
+    attention: str | None = None,
+    checkpointing: bool = True,
+    share_prompts: bool = True,
+    profile: bool = False,
+) -> dict:
+    """Three timed optimiser steps of the learner, after a warm-up, with the levers as given
+    (`attention` None: sdpa on CUDA, eager on the CPU); with `profile`, one more step under
+    the profiler for its top kernels. Needs `one_rank_group`'s process group."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     shape = SMALL if small else QWEN25_15B
@@ -107,15 +146,16 @@ def throughput(device: torch.device, small: bool, tokens: int, passes: int) -> d
         lm = AutoModelForCausalLM.from_config(
             config,
             dtype=torch.float32,
-            attn_implementation="sdpa" if device.type == "cuda" else "eager",
+            attn_implementation=attention or ("sdpa" if device.type == "cuda" else "eager"),
         )
-    lm.gradient_checkpointing_enable({"use_reentrant": False})
+    if checkpointing:
+        lm.gradient_checkpointing_enable({"use_reentrant": False})
     lm.train()
     params = sum(p.numel() for p in lm.parameters())
     head = lm.get_output_embeddings().weight.numel()
     body = params - head  # the embedding is tied to the head: its lookup costs nothing
-    one_rank_group(device)
-    model = distributed.shard(TokenLogprobModel(lm), lm)
+    # FSDP2's bfloat16 weights replace autocast: the two together would cast twice.
+    model = distributed.shard(TokenLogprobModel(lm), lm, torch.bfloat16 if bf16_weights else None)
     optimizer = adamw(list(model.parameters()), lr=1e-6)
     # Each shared-prompt row: a 256-token prompt and its 4 responses of 192 tokens (1,024).
     prompt_len, response_len, group = (32, 24, 4) if small else (256, 192, 4)
@@ -124,14 +164,13 @@ def throughput(device: torch.device, small: bool, tokens: int, passes: int) -> d
     batch = synthetic_batch(shape["vocab_size"], prompts, group, prompt_len, response_len, device)
     cfg = compose(["algo=grpo", "algo.beta=0"])
     objective = objective_from_config(cfg.algo, cfg.sampler, norm_len=response_len)
-    plan = UpdatePlan(1, 10**6, tokens, max_grad_norm=1.0, share_prompts=True)
-    cast = torch.autocast(device.type, dtype=torch.bfloat16)
+    plan = UpdatePlan(1, 10**6, tokens, max_grad_norm=1.0, share_prompts=share_prompts)
 
     def step():
-        with cast:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not bf16_weights):
             return learn(model, optimizer, objective, batch, plan)
 
-    step()  # warm-up: kernels chosen, allocator grown
+    step()  # warm-up: kernels chosen (flex_attention's compiled), allocator grown
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -142,15 +181,16 @@ def throughput(device: torch.device, small: bool, tokens: int, passes: int) -> d
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - start)
-    read = prompts * row  # tokens the passes read (not padding: every row is full)
+    # The useful work, whatever the layout: padded reads each prompt `group` times, and that
+    # repetition shows as a lower utilisation.
+    read = prompts * row
     trained = prompts * group * response_len
     flops = 6 * (body * read + head * trained)
     best = min(seconds)
     name, peak = card_peak(device)
     learner_state = params * 16  # float32 weights, gradients, AdamW's two moments
     peak_memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    torch.distributed.destroy_process_group()
-    return {
+    result = {
         "card": name,
         "parameters": params,
         "tokens_per_pass": row * max(tokens // row, 1),
@@ -167,6 +207,63 @@ def throughput(device: torch.device, small: bool, tokens: int, passes: int) -> d
         "loss_finite": math.isfinite(metrics["loss/policy"]),
         "padding_frac": round(metrics["batch/padding_frac"], 4),
     }
+    if profile:
+        result["top_kernels"] = top_kernels(step, device)
+    return result
+
+
+def top_kernels(step, device: torch.device, count: int = 10) -> list[dict]:
+    """The `count` kernels with the most self time in one run of `step` (on the CPU, the
+    operators), each with its share of the summed self time and its milliseconds."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    if cuda:
+        # The kernels' own entries only: an operator's self device time is that of the kernels
+        # it launched, which would count them twice.
+        times = {
+            e.key: e.self_device_time_total
+            for e in prof.key_averages()
+            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+        }
+    else:
+        times = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(times.values()) or 1
+    top = sorted(times.items(), key=lambda item: -item[1])[:count]
+    # The profiler's times are in microseconds.
+    return [{"name": k, "share": round(t / total, 3), "ms": round(t / 1e3, 3)} for k, t in top]
+
+
+def throughput(device: torch.device, small: bool, tokens: int, passes: int, names) -> dict:
+    """`measure` of each configuration in `names` (keys of LEVERS), each on a fresh model
+    and process group; "default" also profiled."""
+    results = {}
+    for name in names:
+        if name == "flex_attention" and device.type != "cuda":
+            results[name] = {"skipped": "no flex_attention backward on CPU"}
+            continue
+        one_rank_group(device)
+        try:
+            results[name] = measure(
+                device, small, tokens, passes, profile=name == "default", **LEVERS[name]
+            )
+        except torch.OutOfMemoryError:
+            if name != "no_checkpointing":
+                raise
+            results[name] = {"skipped": "out of memory"}
+        finally:
+            torch.distributed.destroy_process_group()
+        # The model, its optimiser state and the allocator's blocks gone before the next
+        # (FSDP2's hooks hold reference cycles, which only the collector frees).
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
 
 
 def tiny_steps(device: torch.device) -> dict:
@@ -232,19 +329,32 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU, tests)")
     parser.add_argument("--tokens", type=int, default=16384, help="most tokens per pass")
     parser.add_argument("--passes", type=int, default=2, help="passes per optimiser step")
+    parser.add_argument(
+        "--levers",
+        help=f"comma-separated configurations of the throughput part, of {','.join(LEVERS)} "
+        f"(default all; with --small {SMALL_LEVERS}); default always runs",
+    )
     args = parser.parse_args()
+    chosen = (args.levers or (SMALL_LEVERS if args.small else ",".join(LEVERS))).split(",")
+    if unknown := set(chosen) - set(LEVERS):
+        parser.error(f"unknown levers {sorted(unknown)}; they are {', '.join(LEVERS)}")
+    # In LEVERS' order, and always "default": the one the others are read against.
+    names = [name for name in LEVERS if name in chosen or name == "default"]
     device = torch.device(args.device)
     tokens = min(args.tokens, 512) if args.small else args.tokens
     report = {"torch": torch.__version__}
     began = time.perf_counter()
-    report["throughput"] = throughput(device, args.small, tokens, args.passes)
+    levers = throughput(device, args.small, tokens, args.passes, names)
+    report["throughput"] = levers["default"]
+    report["levers"] = levers
     report["tiny_steps"] = tiny_steps(device)
     if device.type == "cuda":
         report["cuda_against_cpu"] = cuda_against_cpu(device)
     report["seconds"] = round(time.perf_counter() - began, 1)
     print(json.dumps(report, indent=1))
+    measured = [lever for lever in levers.values() if "skipped" not in lever]
     ok = (
-        report["throughput"]["loss_finite"]
+        all(lever["loss_finite"] for lever in measured)
         and report["tiny_steps"]["finite"]
         and report.get("cuda_against_cpu", {"match": True})["match"]
     )

@@ -17,7 +17,8 @@ from rlcli.rollout.batch import rollout_from_tokens, select_rows
 from rlcli.runtime import distributed
 from rlcli.runtime.models import load_causal_lm
 from rlcli.train.batch import TrainBatch
-from rlcli.train.learner import TokenLogprobModel, UpdatePlan, learn, objective_from_config
+from rlcli.train.forward import TokenLogprobModel
+from rlcli.train.learner import UpdatePlan, learn, objective_from_config
 from rlcli.validate import section
 
 

@@ -10,13 +10,8 @@ import torch
 from rlcli.ops.policy_loss import AGGREGATIONS
 from rlcli.rollout.batch import response_mask_from
 from rlcli.train.batch import TrainBatch
-from rlcli.train.learner import (
-    UpdatePlan,
-    batch_logprobs,
-    learn,
-    objective_from_config,
-    token_logprobs,
-)
+from rlcli.train.forward import batch_logprobs, token_logprobs
+from rlcli.train.learner import UpdatePlan, learn, objective_from_config
 from rlcli.train.run import setup
 from rlcli.validate import compose
 
@@ -123,7 +118,7 @@ def test_fast_path_gives_the_plain_paths_loss_and_gradients(run, batch, monkeypa
     # no checkpointing, the head through plain autograd over full logits and passes of 5 rows:
     # the same loss and gradients in float32. KL, entropy bonus and temperature are on so that
     # every term's gradient is compared.
-    import rlcli.train.learner as learner_module
+    import rlcli.train.forward as forward_module
     from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
     from rlcli.runtime.models import load_causal_lm
 
@@ -150,7 +145,7 @@ def test_fast_path_gives_the_plain_paths_loss_and_gradients(run, batch, monkeypa
         else:
             policy.set_attn_implementation("sdpa")
             head, rows = plain_head, 5
-        monkeypatch.setattr(learner_module, "chunked_logprob_entropy", head)
+        monkeypatch.setattr(forward_module, "chunked_logprob_entropy", head)
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)  # keeps .grad, moves nothing
         plan = UpdatePlan(mini_batches=1, micro_batch_size=rows, max_grad_norm=0.0)
         metrics = learn(policy, optimizer, objective, train_batch, plan)
@@ -237,6 +232,43 @@ def test_shared_prompts_give_the_padded_layouts_logprobs_and_gradients(run, batc
         for share in (False, True)
     }
     assert read[False] - read[True] == prompt_tokens * 3 // 4
+    # With the responses cut, the two shorter groups fit in the longest one's length: the
+    # one-pass case above ran them packed in one row (`pack_rows`), two rows for three groups.
+    (_, packed, _), *more = passes(batch, rows, 12, 0, attention)
+    assert not more and packed.input_ids.shape[0] == 2
+
+
+def test_flex_attention_block_mask_gives_the_padded_layouts_logprobs(run, batch):
+    # The shared-prompt layout with groups packed in rows, as CUDA runs it under
+    # flex_attention's block mask, against one padded row per response (float32). Forward
+    # only: PyTorch has no flex_attention backward on CPU, which is why the CPU trains with
+    # the dense mask; the block mask's gradients are those of the same attention.
+    from rlcli.runtime.models import load_causal_lm
+    from rlcli.train.passes import passes
+
+    keep = torch.arange(batch.response_mask.shape[1]) < 4 * torch.arange(1, 13)[:, None]
+    batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
+    policy = load_causal_lm(run.model_path, "float32", torch.device("cpu"))
+    padded = batch_logprobs(policy, batch, 12, share_prompts=False)
+    policy.set_attn_implementation("flex_attention")
+    rows = torch.arange(len(batch.texts))
+    (_, packed, _), *more = passes(batch, rows, 12, 0, "flex_attention")
+    assert not more and packed.input_ids.shape[0] == 1  # the three groups in one row
+    flex = batch_logprobs(policy, batch, 12)
+    in_loss = batch.response_mask.bool()
+    torch.testing.assert_close(flex[in_loss], padded[in_loss], rtol=1e-5, atol=1e-5)
+
+
+def test_packing_fills_rows_first_fit_within_both_budgets():
+    from rlcli.train.passes import pack_rows
+
+    # Longest first: 10 opens a row, 7 another (10 + 7 > 12), 5 joins 7, 2 joins 10.
+    assert pack_rows([5, 10, 2, 7], [1, 1, 1, 1], 12, 8) == [[1, 2], [3, 0]]
+    # At most 2 responses a row: 2 (of 1 response) no longer fits beside 10 (of 2), nor in
+    # the full row of 7 and 5.
+    assert pack_rows([5, 10, 2, 7], [1, 2, 1, 1], 12, 2) == [[1], [3, 0], [2]]
+    # A group longer than the row stays alone.
+    assert pack_rows([20, 3], [1, 1], 12, 8) == [[0], [1]]
 
 
 def test_shared_rows_group_by_prompt_and_respect_the_row_budget():

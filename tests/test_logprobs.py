@@ -47,7 +47,7 @@ def test_a_frozen_head_passes_gradients_to_the_hidden_states_only():
 def test_learner_logprobs_equal_the_models_own_logits(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rlcli.train.learner import token_logprobs
+    from rlcli.train.forward import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     torch.manual_seed(1)

@@ -26,7 +26,7 @@ from rlcli.runtime.models import load_causal_lm
 from rlcli.train.dpo import pair_metrics
 from rlcli.train.dpo import setup as dpo_setup
 from rlcli.train.dpo import train_step as dpo_step
-from rlcli.train.learner import batch_logprobs
+from rlcli.train.forward import batch_logprobs
 from rlcli.train.loop import train
 from rlcli.train.run import setup
 from rlcli.train.step import train_step

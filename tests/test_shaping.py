@@ -11,7 +11,7 @@ from rlcli.config import ConfigError
 from rlcli.rewards.rules import space_rate
 from rlcli.rewards.scorer import Scores
 from rlcli.rollout.batch import concat_rollouts, select_rows
-from rlcli.train.learner import batch_logprobs
+from rlcli.train.forward import batch_logprobs
 from rlcli.train.loop import train
 from rlcli.train.run import setup
 from rlcli.train.shaping import dupo_fill, group_rows, informative_groups

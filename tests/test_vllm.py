@@ -19,7 +19,7 @@ from rlcli.recipes import register_recipes
 from rlcli.rollout.vllm_engine import cuda_only_settings_changed
 from rlcli.rollout.vllm_notices import weightless_layers
 from rlcli.runtime.models import has_fast_bf16, smollm2_dir
-from rlcli.train.learner import batch_logprobs
+from rlcli.train.forward import batch_logprobs
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from rlcli.validate import compose

@@ -143,7 +143,7 @@ class ModelConfig:
     name: str = MISSING
     source: str = MISSING
     path: str | None = MISSING
-    gradient_checkpointing: bool = MISSING
+    gradient_checkpointing: str = MISSING  # auto, true or false
     lora: LoraConfig = field(default_factory=LoraConfig)
     tiny_layers: int = MISSING
     tiny_hidden: int = MISSING
@@ -208,7 +208,9 @@ class TrainerConfig:
     micro_batch_size: int = MISSING
     max_tokens_per_micro_batch: int = MISSING
     share_prompts: bool = MISSING
+    attention: str = MISSING
     bf16_autocast: bool = MISSING
+    bf16_weights: bool = MISSING
     lr: float = MISSING
     weight_decay: float = MISSING
     warmup_steps: int = MISSING

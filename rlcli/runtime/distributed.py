@@ -72,20 +72,23 @@ def end_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def shard(wrapped: nn.Module, lm: nn.Module) -> nn.Module:
+def shard(wrapped: nn.Module, lm: nn.Module, param_dtype: torch.dtype | None = None) -> nn.Module:
     """Shard `lm` across the ranks (each decoder layer), then `wrapped`, the module around it
-    that the learner calls (`train.learner.TokenLogprobModel`, whose `warm_up()` runs a first
+    that the learner calls (`train.forward.TokenLogprobModel`, whose `warm_up()` runs a first
     forward), as the root; `lm`'s parameters become shards (DTensors) of the same names, in
-    place. Returns `wrapped`."""
-    from torch.distributed.fsdp import fully_shard
+    place. With `param_dtype` (bfloat16) the gathered weights the passes run over are in that
+    dtype and the gradients are reduced and kept in float32, the shards' own dtype (FSDP2's
+    mixed precision). Returns `wrapped`."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     layer_types = tuple(
         type(m) for m in lm.modules() if type(m).__name__ in (lm._no_split_modules or [])
     )
     for module in lm.modules():
         if isinstance(module, layer_types):
-            fully_shard(module)
-    fully_shard(wrapped)
+            fully_shard(module, mp_policy=policy)
+    fully_shard(wrapped, mp_policy=policy)
     # Each rank's loss is already its share of the global loss (divided by the global token
     # count), so gradients are summed over the ranks, not averaged as FSDP would by default.
     for module in wrapped.modules():

@@ -16,7 +16,8 @@ from rlcli.ops.policy_loss import explained_variance, value_loss
 from rlcli.rollout.batch import Rollout
 from rlcli.runtime.lora import add_adapters, load_adapters
 from rlcli.train.batch import TrainBatch
-from rlcli.train.learner import UpdatePlan, per_token_over_batch
+from rlcli.train.forward import per_token_over_batch
+from rlcli.train.learner import UpdatePlan
 from rlcli.train.passes import micro_batches
 
 

@@ -42,7 +42,7 @@ from rlcli.train.checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from rlcli.train.learner import token_logprobs
+from rlcli.train.forward import token_logprobs
 from rlcli.train.passes import micro_batches
 from rlcli.train.run import load_policy, trainable
 from rlcli.train.run_dir import config_dict

@@ -12,7 +12,12 @@ output predicts it. Two layouts:
   on the default GRPO batch (4 x 4, prompts of ~46 tokens, responses <= 48) about a third
   fewer (docs/performance.md). The prompt's outputs are then computed once and receive the
   gradients of all G responses, which is the sum the padded layout computes G times over (the
-  same value up to rounding).
+  same value up to rounding). Several groups may follow one another in a row (`pack_rows`),
+  each attending only within itself, so that rows of unequal length need no padding.
+
+The shared layout's mask goes to the model in the form its attention takes: additive floats
+(eager), booleans (sdpa), or a block mask for `flex_attention` (CUDA), which skips the blocks
+a group does not see instead of computing and masking them.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ class Pass:
 
     input_ids: Tensor  # [R, L]
     # [R, L] 1 on real tokens (padded layout), or [R, 1, L, L] which positions each position
-    # attends to (shared prompts): bool for sdpa, additive float (0 or very negative) for eager
+    # attends to (shared prompts): bool for sdpa, additive float (0 or very negative) for eager,
+    # a flex_attention BlockMask
     attention_mask: Tensor
     position_ids: Tensor  # [R, L]
     rows: Tensor  # [b, t] row of the position whose output predicts each response token
@@ -180,57 +186,120 @@ def real_prompt(batch: Rollout, i: int) -> Tensor:
     return batch.input_ids[i, :width][batch.attention_mask[i, :width].bool()]
 
 
+def pack_rows(
+    lengths: list[int], sizes: list[int], capacity: int, max_responses: int
+) -> list[list[int]]:
+    """Positions into `lengths` and `sizes` (a group's row each: its prompt and responses, and
+    how many responses), packed first-fit, longest first, into rows of at most `capacity`
+    tokens and `max_responses` responses (a row that alone exceeds either stays alone)."""
+    packed: list[list[int]] = []
+    tokens_left: list[int] = []
+    responses_left: list[int] = []
+    for r in sorted(range(len(lengths)), key=lambda r: -lengths[r]):
+        fits = (
+            k
+            for k in range(len(packed))
+            if lengths[r] <= tokens_left[k] and sizes[r] <= responses_left[k]
+        )
+        k = next(fits, None)
+        if k is None:
+            packed.append([])
+            tokens_left.append(capacity)
+            responses_left.append(max_responses)
+            k = len(packed) - 1
+        packed[k].append(r)
+        tokens_left[k] -= lengths[r]
+        responses_left[k] -= sizes[r]
+    return packed
+
+
+def segment_mask(doc: Tensor, segment: Tensor) -> Tensor:
+    """[R, L, L] which position (query) attends to which (key): the same group (`doc`), not
+    later, and its group's prompt (segment 0) or its own response; padding attends to itself
+    only, so that no row of the mask is empty (softmax of nothing)."""
+    length = doc.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=doc.device).tril()
+    same_group = doc[:, :, None] == doc[:, None, :]
+    query, key = segment[:, :, None], segment[:, None, :]
+    allowed = causal & same_group & (key >= 0) & ((key == 0) | (key == query))
+    return allowed | torch.eye(length, dtype=torch.bool, device=doc.device)
+
+
+def flex_block_mask(doc: Tensor, segment: Tensor):
+    """`segment_mask` as a block mask for PyTorch's `flex_attention`, which computes only the
+    blocks the mask leaves anything in (a group's prompt and its own responses) rather than
+    every query against every key."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def allowed(b, h, q, kv):
+        key = segment[b, kv]
+        same = (doc[b, q] == doc[b, kv]) & (key >= 0) & ((key == 0) | (key == segment[b, q]))
+        return ((q >= kv) & same) | (q == kv)
+
+    rows, length = doc.shape
+    return create_block_mask(allowed, rows, None, length, length, device=doc.device)
+
+
 def shared_prompt_pass(
     batch: Rollout,
-    rows: list[list[int]],
+    rows: list[list[list[int]]],
     spans: dict[int, int],
     prompt_of: dict[int, Tensor],
-    eager: bool,
+    attention: str,
 ):
-    """The pass over `rows` (lists of response positions in `batch`, each list sharing a prompt;
-    `spans[i]` the columns of response i the pass reads, `prompt_of[i]` its `real_prompt`).
-    Returns (the responses' positions in pass order [b], the Pass, their response mask [b, t])."""
+    """The pass over `rows`, each a list of groups (lists of response positions in `batch`
+    sharing a prompt) laid one after the other; `spans[i]` the columns of response i the pass
+    reads, `prompt_of[i]` its `real_prompt`. The mask is `segment_mask`'s, in the form the
+    model's `attention` takes. Returns (the responses' positions in pass order [b], the Pass,
+    their response mask [b, t])."""
     width, device = batch.prompt_width, batch.input_ids.device
-    prompts = [prompt_of[row[0]] for row in rows]
-    length = max(len(p) + sum(spans[i] for i in row) for p, row in zip(prompts, rows, strict=True))
-    order = [i for row in rows for i in row]
+
+    def group_length(group):
+        return len(prompt_of[group[0]]) + sum(spans[i] for i in group)
+
+    length = max(sum(group_length(g) for g in row) for row in rows)
+    order = [i for row in rows for group in row for i in group]
     t = max(1, max(spans[i] for i in order))
     ids = torch.zeros(len(rows), length, dtype=torch.long, device=device)
     positions = torch.zeros_like(ids)
-    segment = torch.full_like(ids, -1)  # 0 prompt, k the row's k-th response, -1 padding
+    doc = torch.full_like(ids, -1)  # which group of its row a position belongs to
+    segment = torch.full_like(ids, -1)  # 0 prompt, k the group's k-th response, -1 padding
     pred_rows = torch.zeros(len(order), t, dtype=torch.long, device=device)
     pred_cols = torch.zeros_like(pred_rows)
     tokens = torch.zeros_like(pred_rows)
     k = 0
-    for r, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
-        p = len(prompt)
-        ids[r, :p], positions[r, :p], segment[r, :p] = prompt, torch.arange(p), 0
-        col = p
-        for s, i in enumerate(row, 1):
-            n = spans[i]
-            response = batch.input_ids[i, width : width + n]
-            real = batch.attention_mask[i, width : width + n]
-            ids[r, col : col + n] = response
-            # As in the padded layout: positions count the real tokens before each one.
-            positions[r, col : col + n] = p - 1 + real.cumsum(0)
-            segment[r, col : col + n] = torch.where(real.bool(), s, -1)
-            pred_rows[k] = r
-            # The first token is predicted by the prompt's last position, the others by the
-            # response's own previous one.
-            pred_cols[k, 0] = p - 1
-            pred_cols[k, 1:n] = torch.arange(col, col + max(n - 1, 0))
-            tokens[k, :n] = response
-            k, col = k + 1, col + n
-    query, key = segment[:, :, None], segment[:, None, :]
-    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    allowed = causal & (key >= 0) & ((key == 0) | (key == query))
-    # Padding attends to itself, so that no row of the mask is empty (softmax of nothing).
-    allowed |= torch.eye(length, dtype=torch.bool, device=device)
-    mask = allowed[:, None]
-    if eager:  # transformers' eager attention adds the mask to its scores
-        mask = torch.zeros(mask.shape, device=device).masked_fill_(
-            ~mask, torch.finfo(torch.float32).min
-        )
+    for r, row in enumerate(rows):
+        col = 0
+        for g, group in enumerate(row):
+            prompt = prompt_of[group[0]]
+            p, last = len(prompt), col + len(prompt) - 1  # the prompt's last position
+            ids[r, col : col + p], positions[r, col : col + p] = prompt, torch.arange(p)
+            segment[r, col : col + p], doc[r, col : col + p] = 0, g
+            col += p
+            for s, i in enumerate(group, 1):
+                n = spans[i]
+                response = batch.input_ids[i, width : width + n]
+                real = batch.attention_mask[i, width : width + n]
+                ids[r, col : col + n] = response
+                # As in the padded layout: positions count the real tokens before each one.
+                positions[r, col : col + n] = p - 1 + real.cumsum(0)
+                segment[r, col : col + n] = torch.where(real.bool(), s, -1)
+                doc[r, col : col + n] = g
+                pred_rows[k] = r
+                # The first token is predicted by the prompt's last position, the others by
+                # the response's own previous one.
+                pred_cols[k, 0] = last
+                pred_cols[k, 1:n] = torch.arange(col, col + max(n - 1, 0))
+                tokens[k, :n] = response
+                k, col = k + 1, col + n
+    if attention == "flex_attention":
+        mask = flex_block_mask(doc, segment)
+    else:
+        mask = segment_mask(doc, segment)[:, None]  # bool, as sdpa takes it
+        if attention == "eager":  # transformers' eager attention adds the mask to its scores
+            mask = torch.zeros(mask.shape, device=device).masked_fill_(
+                ~mask, torch.finfo(torch.float32).min
+            )
     shared = Pass(ids, mask, positions, pred_rows, pred_cols, tokens, int((segment >= 0).sum()))
     idx = torch.tensor(order, dtype=torch.long, device=device)
     return idx, shared, batch.response_mask[idx, :t]
@@ -239,31 +308,47 @@ def shared_prompt_pass(
 def passes(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0, attention=None):
     """Yield (positions [b], Pass, response mask [b, t]) over the responses `rows` of `batch`:
     shared prompts where the model's `attention` implementation takes a custom mask ("eager",
-    "sdpa"), else the padded layout of `micro_batches`. `size` and `max_tokens` bound a pass's
-    responses and padded tokens. Under torchrun every rank runs as many passes (see
+    "sdpa", "flex_attention"), else the padded layout of `micro_batches`. `size` and
+    `max_tokens` bound a pass's responses and padded tokens.
+
+    Groups share a row where that costs nothing: with dense masks (eager, sdpa: attention
+    costs a row's length squared) up to the longest group's length, which fills padding; with
+    `flex_attention`, whose block mask skips what a group does not see, up to `max_tokens`
+    (`ROW_TOKENS` without it). Under torchrun every rank runs as many passes (see
     `micro_batches`)."""
-    if attention not in ("eager", "sdpa"):
+    if attention not in ("eager", "sdpa", "flex_attention"):
         for idx, ids, att, width, mask in micro_batches(batch, rows, size, max_tokens):
             yield idx, Pass.padded(ids, att, width), mask
         return
     positions = rows.tolist()
     spans = dict(zip(positions, response_spans(batch.response_mask[rows]).tolist(), strict=True))
     prompt_of = {i: real_prompt(batch, i) for i in positions}
-    shared_rows = [
+    flex = attention == "flex_attention"
+    groups = [
         [positions[j] for j in row]
         for row in plan_shared_rows(
-            [tuple(prompt_of[i].tolist()) for i in positions], [spans[i] for i in positions]
+            [tuple(prompt_of[i].tolist()) for i in positions],
+            [spans[i] for i in positions],
+            max(max_tokens, ROW_TOKENS) if flex else ROW_TOKENS,
         )
     ]
-    lengths = [len(prompt_of[row[0]]) + sum(spans[i] for i in row) for row in shared_rows]
-    plan = plan_shared_passes(lengths, [len(row) for row in shared_rows], size, max_tokens)
-    eager = attention == "eager"
+    lengths = [len(prompt_of[group[0]]) + sum(spans[i] for i in group) for group in groups]
+    sizes = [len(group) for group in groups]
+    capacity = max(max_tokens, ROW_TOKENS) if flex else max(lengths, default=0)
+    packed = pack_rows(lengths, sizes, capacity, size)
+    plan = plan_shared_passes(
+        [sum(lengths[g] for g in row) for row in packed],
+        [sum(sizes[g] for g in row) for row in packed],
+        size,
+        max_tokens,
+    )
     for chosen in plan:
-        yield shared_prompt_pass(batch, [shared_rows[r] for r in chosen], spans, prompt_of, eager)
+        row_groups = [[groups[g] for g in packed[r]] for r in chosen]
+        yield shared_prompt_pass(batch, row_groups, spans, prompt_of, attention)
     for _ in range(distributed.all_max(len(plan)) - len(plan)):
         # A pass that adds nothing, for ranks with fewer passes than others.
         first = positions[:1] or [0]
         spans.setdefault(first[0], 0)
         prompt_of.setdefault(first[0], real_prompt(batch, first[0]))
-        idx, spare, mask = shared_prompt_pass(batch, [first], spans, prompt_of, eager)
+        idx, spare, mask = shared_prompt_pass(batch, [[first]], spans, prompt_of, attention)
         yield idx, spare, torch.zeros_like(mask)

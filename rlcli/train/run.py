@@ -24,6 +24,7 @@ from rlcli.rewards.scorer import Scorer
 from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
 from rlcli.runtime import distributed
 from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
+from rlcli.runtime.memory import activation_bytes, free_bytes
 from rlcli.runtime.models import (
     adamw,
     compute_dtype,
@@ -32,6 +33,7 @@ from rlcli.runtime.models import (
     pick_device,
     resolve_model_path,
 )
+from rlcli.runtime.precision import WorkingWeights
 from rlcli.runtime.seed import seed_everything
 from rlcli.tracking.trackers import RecordingScorer
 from rlcli.train.checkpoint import (
@@ -44,7 +46,8 @@ from rlcli.train.checkpoint import (
     set_python_rng_state,
 )
 from rlcli.train.critic import make_critic
-from rlcli.train.learner import TokenLogprobModel, objective_from_config
+from rlcli.train.forward import TokenLogprobModel
+from rlcli.train.learner import objective_from_config
 from rlcli.train.pieces import advantage_piece
 from rlcli.train.run_dir import config_dict
 from rlcli.train.schedule import check_lr_schedule, lr_schedule  # noqa: F401 - validate imports the check from here
@@ -58,6 +61,8 @@ class Run:
     model_path: str
     device: torch.device
     compute_dtype: str  # what the learner multiplies in (`compute_dtype`)
+    # The learner's passes under bfloat16 autocast (else over weights already in their dtype)
+    learner_autocast: bool
     tokenizer: object
     policy: torch.nn.Module  # the causal LM (sharded in place under torchrun)
     learner: torch.nn.Module  # TokenLogprobModel over the policy: what the learner calls
@@ -105,23 +110,29 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     train_set = fit_prompts(cfg, tokenizer, train_set, "training")
     test_set = fit_prompts(cfg, tokenizer, test_set, "held-out")
     policy = load_policy(cfg, model_path, device, checkpoint)
-    if cfg.model.gradient_checkpointing:
-        # Non-reentrant: a LoRA model's frozen embeddings would leave reentrant checkpoints no grad.
-        policy.gradient_checkpointing_enable({"use_reentrant": False})
-        policy.train()  # transformers only checkpoints in training mode; Llama has no dropout
-        dropout_off(policy)  # LoRA's has, for the learner's passes only
+    if t.attention != "auto":
+        policy.set_attn_implementation(t.attention)
     sharded = distributed.world_size() > 1
+    compute = compute_dtype(t, device)
+    # Where the learner computes in bfloat16, its passes run over bfloat16 weights with float32
+    # masters (`runtime.precision`) rather than under autocast; a LoRA policy keeps autocast.
+    lora = cfg.model.lora.rank > 0
+    bf16_weights = compute == "bfloat16" and t.bf16_weights and t.dtype == "float32" and not lora
+    working = None
     learner = TokenLogprobModel(policy)
     if sharded:
-        learner = distributed.shard(learner, policy)
+        learner = distributed.shard(learner, policy, torch.bfloat16 if bf16_weights else None)
+    elif bf16_weights:
+        working = WorkingWeights(policy)
+        learner = TokenLogprobModel(working.model)
     # beta = 0 means no KL term, so no reference model is loaded at all.
     # Frozen and used under autocast only, it is held in the compute dtype (half the memory).
-    compute = compute_dtype(t, device)
     # With LoRA the reference is the policy itself with its adapters off (`lora.adapters_off`).
     reference = None
     if algo.beta:
-        lora = cfg.model.lora.rank > 0
         reference = policy if lora else load_causal_lm(model_path, compute, device, False)
+        if t.attention != "auto":
+            reference.set_attn_implementation(t.attention)
     critic = critic_optimizer = None
     if "critic" in advantage_piece(algo.advantage).needs:
         path, new_head = algo.critic_path or model_path, algo.critic_path is None
@@ -140,13 +151,22 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
             cfg.env,
         )
     )
-    optimizer = adamw(trainable(learner), t.lr, t.weight_decay)
+    # Decided once the rest of the run is loaded, by the memory left for the activations.
+    if checkpointing_wanted(cfg, learner.lm, device):
+        # Non-reentrant: a LoRA model's frozen embeddings would leave reentrant checkpoints no grad.
+        learner.lm.gradient_checkpointing_enable({"use_reentrant": False})
+        learner.lm.train()  # transformers only checkpoints in training mode; Llama has no dropout
+        dropout_off(learner.lm)  # LoRA's has, for the learner's passes only
+    optimizer = adamw(trainable(policy if working else learner), t.lr, t.weight_decay)
+    if working is not None:
+        working.follow(optimizer)
     scheduler = lr_schedule(optimizer, t)
     run = Run(
         cfg=cfg,
         model_path=model_path,
         device=device,
         compute_dtype=compute,
+        learner_autocast=compute == "bfloat16" and not bf16_weights,
         tokenizer=tokenizer,
         policy=policy,
         learner=learner,
@@ -170,6 +190,23 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if checkpoint is not None:
         restore(run, checkpoint)
     return run
+
+
+def checkpointing_wanted(cfg: Config, lm: torch.nn.Module, device: torch.device) -> bool:
+    """`model.gradient_checkpointing`: true or false as set; auto: on unless the activations of
+    the largest pass (`runtime.memory.activation_bytes` of trainer.max_tokens_per_micro_batch
+    tokens) fit in half the memory free now, less the gradients and AdamW state to come (12
+    bytes per trained parameter). Under torchrun the rank with the least memory decides."""
+    mode = str(cfg.model.gradient_checkpointing).lower()  # YAML's true reads as "True"
+    if mode != "auto":
+        return mode == "true"
+    t, s = cfg.trainer, cfg.sampler
+    tokens = t.max_tokens_per_micro_batch or t.micro_batch_size * (
+        s.max_prompt_tokens + s.max_new_tokens
+    )
+    optimiser_state = 12 * sum(p.numel() for p in lm.parameters() if p.requires_grad)
+    free = -distributed.all_max(-(free_bytes(device) - optimiser_state))
+    return 2 * activation_bytes(lm.config, tokens) > free
 
 
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -43,6 +43,8 @@ FREE = (
     "trainer.device",
     "trainer.micro_batch_size",
     "trainer.max_tokens_per_micro_batch",
+    "trainer.attention",
+    "trainer.bf16_weights",
     "model.gradient_checkpointing",
     "sampler.max_model_len",
     "sampler.gpu_memory_utilization",

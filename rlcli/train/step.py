@@ -30,7 +30,8 @@ from rlcli.runtime.lora import adapters_off, dropout_on
 from rlcli.runtime.models import autocast
 from rlcli.train.batch import TrainBatch
 from rlcli.train.critic import batch_values, learn_critic
-from rlcli.train.learner import UpdatePlan, batch_logprobs, learn, lm_loss
+from rlcli.train.forward import batch_logprobs
+from rlcli.train.learner import UpdatePlan, learn, lm_loss
 from rlcli.train.pieces import advantage_piece
 from rlcli.train.run import Run
 from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
@@ -217,8 +218,11 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
 
     mbs, tokens, share = t.micro_batch_size, t.max_tokens_per_micro_batch, t.share_prompts
     temp = run.cfg.sampler.temperature
-    # bfloat16 autocast where the learner computes in it (a fresh context for each use).
-    precision = functools.partial(autocast, run.device, run.compute_dtype)
+    # bfloat16 autocast where the learner computes in bfloat16 over float32 weights (LoRA, or
+    # trainer.bf16_weights=false); weights already in bfloat16 (the learner's working copy, a
+    # separate reference) need none. A fresh context for each use.
+    autocast_dtype = run.compute_dtype if run.learner_autocast else "float32"
+    precision = functools.partial(autocast, run.device, autocast_dtype)
     ref_logp = None
     if run.reference is not None:
         # A LoRA run's reference is the policy itself, its adapters off for this pass.
@@ -277,7 +281,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
 
         def ptx():  # noqa: E306 - PPO-ptx: gamma_ptx * LM loss on a batch of pretraining text
             texts = run.rng.sample(run.ptx_texts, min(mbs, len(run.ptx_texts)))
-            return algo.ptx_coef * lm_loss(run.policy, run.tokenizer, texts)
+            return algo.ptx_coef * lm_loss(run.learner.lm, run.tokenizer, texts)
 
     lr = run.optimizer.param_groups[0]["lr"]  # this step's first update's (the schedule's)
     with precision(), dropout_on(run.learner):
