@@ -12,14 +12,16 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check)
 # System packages, from Debian where this runs as root with apt; elsewhere ask for them.
 # bubblewrap: the box the python tool (env=python) runs model-written code in.
 # nodejs: the docs test renders every formula of the site with the KaTeX it ships.
+# g++: PyTorch compiles flex_attention's CPU kernel with it (the block mask's test).
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v node >/dev/null || missing+=(nodejs)
+command -v g++ >/dev/null || missing+=(g++)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     (apt-get update -qq && apt-get install -y -qq "${missing[@]}") >/dev/null
   else
-    echo "setup: install the packages ${missing[*]} (bubblewrap: env=python's sandbox; nodejs: the docs' formula test)" >&2
+    echo "setup: install the packages ${missing[*]} (bubblewrap: env=python's sandbox; nodejs: the docs' formula test; g++: flex_attention on CPU)" >&2
   fi
 fi
 
