@@ -324,17 +324,18 @@ def passes(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0, attenti
     spans = dict(zip(positions, response_spans(batch.response_mask[rows]).tolist(), strict=True))
     prompt_of = {i: real_prompt(batch, i) for i in positions}
     flex = attention == "flex_attention"
+    row_tokens = max(max_tokens, ROW_TOKENS) if flex else ROW_TOKENS
     groups = [
         [positions[j] for j in row]
         for row in plan_shared_rows(
             [tuple(prompt_of[i].tolist()) for i in positions],
             [spans[i] for i in positions],
-            max(max_tokens, ROW_TOKENS) if flex else ROW_TOKENS,
+            row_tokens,
         )
     ]
     lengths = [len(prompt_of[group[0]]) + sum(spans[i] for i in group) for group in groups]
     sizes = [len(group) for group in groups]
-    capacity = max(max_tokens, ROW_TOKENS) if flex else max(lengths, default=0)
+    capacity = row_tokens if flex else max(lengths, default=0)
     packed = pack_rows(lengths, sizes, capacity, size)
     plan = plan_shared_passes(
         [sum(lengths[g] for g in row) for row in packed],

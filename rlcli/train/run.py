@@ -126,7 +126,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         working = WorkingWeights(policy)
         learner = TokenLogprobModel(working.model)
     # beta = 0 means no KL term, so no reference model is loaded at all.
-    # Frozen and used under autocast only, it is held in the compute dtype (half the memory).
+    # Frozen, it is held in the compute dtype (half the memory).
     # With LoRA the reference is the policy itself with its adapters off (`lora.adapters_off`).
     reference = None
     if algo.beta:
@@ -197,7 +197,7 @@ def checkpointing_wanted(cfg: Config, lm: torch.nn.Module, device: torch.device)
     the largest pass (`runtime.memory.activation_bytes` of trainer.max_tokens_per_micro_batch
     tokens) fit in half the memory free now, less the gradients and AdamW state to come (12
     bytes per trained parameter). Under torchrun the rank with the least memory decides."""
-    mode = str(cfg.model.gradient_checkpointing).lower()  # YAML's true reads as "True"
+    mode = cfg.model.gradient_checkpointing  # "auto", "true" or "false" (`validate`)
     if mode != "auto":
         return mode == "true"
     t, s = cfg.trainer, cfg.sampler
