@@ -102,3 +102,41 @@ def test_chunked_path_holds_far_less_memory_for_the_backward():
     # chunk's logits in the backward pass.
     assert plain >= 2 * 384
     assert chunked < 1
+
+
+@pytest.mark.parametrize("with_entropy", [True, False])
+@pytest.mark.parametrize("chunk_elements", [4000, 10**6])  # 10 chunks, and all rows in one
+def test_bfloat16_head_matches_float64_within_bfloat16_rounding(with_entropy, chunk_elements):
+    # The learner's working weights are bfloat16: the chunked head's matmuls then run in
+    # bfloat16 and its reductions, exponentials and the chosen token's gradient in float32.
+    # Against float64 over the same (bfloat16-rounded) inputs, the only error left is the
+    # logits' and the gradient's bfloat16 rounding.
+    torch.manual_seed(0)
+    n, hidden_size, vocab = 37, 16, 1000
+    hidden = torch.randn(n, hidden_size).bfloat16().requires_grad_()
+    weight = (torch.randn(vocab, hidden_size) / 2).bfloat16().requires_grad_()
+    tokens = torch.randint(vocab, (n,))
+    logp, entropy = chunked_logprob_entropy(
+        hidden,
+        weight,
+        tokens,
+        temperature=0.7,
+        chunk_elements=chunk_elements,
+        with_entropy=with_entropy,
+    )
+    hidden64 = hidden.detach().double().requires_grad_()
+    weight64 = weight.detach().double().requires_grad_()
+    log_probs64 = torch.log_softmax(hidden64 @ weight64.T / 0.7, -1)
+    logp64 = log_probs64.gather(-1, tokens[:, None]).squeeze(-1)
+    entropy64 = -(log_probs64.exp() * log_probs64).sum(-1)
+    torch.testing.assert_close(logp.double(), logp64, rtol=0, atol=0.05)
+    loss = logp.sum() * 0.3 + (entropy.sum() * -0.1 if with_entropy else 0)
+    loss64 = logp64.sum() * 0.3 + (entropy64.sum() * -0.1 if with_entropy else 0)
+    if with_entropy:
+        torch.testing.assert_close(entropy.double(), entropy64, rtol=0, atol=0.05)
+    got = torch.autograd.grad(loss, (hidden, weight))
+    want = torch.autograd.grad(loss64, (hidden64, weight64))
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.bfloat16
+        # within 2% of the gradient's size: bfloat16 keeps 8 bits of each value
+        assert (a.double() - b).norm() <= 0.02 * b.norm()
