@@ -24,7 +24,12 @@ EXTRA = {
     "rloo": ["algo.beta=0.001"],
     # PPO: the critic starts knowing nothing, so it needs a gentler learning rate than the
     # policy's 1e-2, Monte-Carlo returns (lam=1) and two updates per batch to learn in 40 steps.
-    "ppo": ["algo.beta=0.001", "algo.critic_lr=3e-3", "algo.lam=1.0", "trainer.mini_batches=2"],
+    "ppo": [
+        "algo.beta=0.001",
+        "algo.critic_lr=3e-3",
+        "algo.advantage_settings.lam=1.0",
+        "trainer.mini_batches=2",
+    ],
     # In float32. With one update per batch GMPO's gradient is GRPO's (a float32 run of each
     # gives the same rewards at every step, 0.99 by step 25), but in bfloat16 the rounding
     # of this random model's log-probs sent GMPO (0.36) and Clip-Cov (0.31) elsewhere by

@@ -55,3 +55,30 @@ def test_a_loss_and_an_estimator_from_a_file_train_with_their_settings():
 def test_bad_pieces_and_settings_are_named_before_loading(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
         compose([*TINY_ANY_ALGO, *overrides])
+
+
+def test_a_users_loss_brings_its_mini_batch_selection_as_an_attribute():
+    from rlcli.train.pieces import loss_piece, objective_from_config
+
+    cfg = compose([*TINY_ANY_ALGO, "algo.loss=tests/fixtures/my_losses.py:frozen_selection"])
+    piece = loss_piece(cfg.algo.loss)
+    assert piece.select.__name__ == "most_negative_tokens"
+    assert objective_from_config(cfg.algo, cfg.sampler, 1).select is piece.select
+
+
+def test_a_failed_reward_is_left_out_of_a_users_estimators_group_by_the_caller():
+    # The estimator (`centred`: R minus the group's mean) knows nothing of failed rewards; the
+    # caller estimates a group with one from its scored responses alone.
+    from rlcli.ops.advantages import AdvantageInputs
+    from rlcli.ops.estimate import estimate
+    from rlcli.train.pieces import advantage_piece
+
+    nan = float("nan")
+    scores = torch.tensor([1.0, nan, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0, nan, nan, nan, 1.0])
+    x = AdvantageInputs(
+        scores=scores, kl_penalty=torch.zeros(12, 2), mask=torch.ones(12, 2), group_size=4,
+        prompt_ids=[p for p in "abc" for _ in range(4)],
+    )  # fmt: skip
+    advantages, _ = estimate(advantage_piece(ADVANTAGE.split("=")[1]), {"scale": 2.0}, x)
+    # a: mean of (1, 0, 0.5) is 0.5; b: complete, mean 0.25; c: one scored response, no baseline
+    assert advantages.tolist() == [1.0, 0.0, -1.0, 0.0, 1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0]

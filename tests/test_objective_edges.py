@@ -84,11 +84,9 @@ def test_sapo_builds_its_temperatures_in_the_losss_dtype():
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-14)  # float32 tau: 4e-6
 
 
-def test_reinforce_pp_discounts_with_algo_gamma():
+def test_reinforce_pp_discounts_with_its_gamma_setting():
     x = outcome_inputs([1.0, 0.0], [3, 3], 1)
-    gamma = 0.5
-    x = AdvantageInputs(**{**x.__dict__, "gamma": gamma})
-    adv, _ = ADVANTAGES["reinforce_pp"](x)
+    adv, _ = ADVANTAGES["reinforce_pp"].run({"gamma": 0.5}, x=x)
     returns = torch.tensor([0.25, 0.5, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)  # G_t
     expected = (returns - returns.mean()) / torch.sqrt(returns.var() + 1e-8)
     assert adv.flatten().double().tolist() == pytest.approx(expected.tolist(), rel=1e-6)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlcli.config.free_form import refuse_deletion
+from rlcli.config.moved import MOVED, moved_message
 from rlcli.config.schema import CONF_DIR, Config, ConfigError
 
 
@@ -241,8 +242,10 @@ PEER_NAMES: dict[str, PeerName] = {
                                      "target", "algo.kl_target={value}"),
     "algorithm.kl_ctrl.horizon": P("verl", "algo.kl_horizon", "the adaptive controller's horizon",
                                    "algo.kl_horizon={value}"),
-    "algorithm.gamma": P("verl", "algo.gamma", "GAE's discount", "algo.gamma={value}"),
-    "algorithm.lam": P("verl", "algo.lam", "GAE's lambda", "algo.lam={value}"),
+    "algorithm.gamma": P("verl", "algo.advantage_settings.gamma", "GAE's discount (algo=ppo)",
+                         "algo.advantage_settings.gamma={value}"),
+    "algorithm.lam": P("verl", "algo.advantage_settings.lam", "GAE's lambda (algo=ppo)",
+                       "algo.advantage_settings.lam={value}"),
     "trainer.total_training_steps": P("verl", "trainer.max_steps", "the steps to run",
                                       "trainer.max_steps={value}"),
     "trainer.total_epochs": P("verl", None, "it counts steps, not epochs (trainer.max_steps = "
@@ -320,6 +323,8 @@ def unknown_key_message(key: str, value: str | None = None) -> str | None:
     """None when `key` (dotted) is a field of the config, or lies under a free-form one (a
     loss's settings); else a message naming the valid keys, or rlcli's name for it when it is
     TRL's or verl's (`value`, the one given, then goes into the override it suggests)."""
+    if key in MOVED:  # one of rlcli's own earlier keys
+        return moved_message(key, value)
     node, parts, free_form = Config(), key.split("."), False
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth]) or "the config"

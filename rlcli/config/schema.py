@@ -55,9 +55,6 @@ class AlgoConfig:
     dupo_fill: bool = MISSING
     filter_metric: str = MISSING
     # PPO critic and pretraining mix
-    gamma: float = MISSING
-    lam: float = MISSING
-    whiten_advantages: bool = MISSING
     vf_coef: float = MISSING
     value_clip: float = MISSING
     critic_path: str | None = MISSING

@@ -5,18 +5,19 @@ advantage per response, ``[P, G]``; the caller broadcasts it over the response's
 A group whose rewards are all equal gets exactly 0 from every outcome estimator: it
 carries no learning signal, and float rounding in ``R - mean`` must not invent one.
 
-``ADVANTAGES`` (at the end) is the registry `algo.advantage` picks from: every entry is a
-function of one `AdvantageInputs`, returning (advantages, returns or None).
+``ADVANTAGES`` is the registry `algo.advantage` picks from: every entry is a function of one
+`AdvantageInputs` and its own settings (keyword-only, with defaults: `algo.advantage_settings`),
+registered by `@register_advantage` above its definition, returning (advantages, returns or
+None). `ops.estimate.estimate` calls it; failed rewards are handled there.
 """
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from rlcli.ops.pieces import Piece, PieceError, advantage_output_problem, call_piece, registrar
+from rlcli.ops.pieces import Piece, registrar
 from rlcli.ops.sas import SasState, SasTracker, sas_advantages  # noqa: F401 - DCPO's, re-exported
 
 GRPO_EPS = 1e-6
@@ -163,9 +164,6 @@ class AdvantageInputs:
     sas: "SasTracker | None" = None  # DCPO's per-prompt state (dcpo_sas)
     values: Tensor | None = None  # [B, T] the critic's values (gae)
     step_rewards: Tensor | None = None  # [B, T] a step's reward where it ends, else NaN
-    gamma: float = 1.0  # gae
-    lam: float = 0.95  # gae
-    whiten: bool = True  # gae: mean 0, std 1 over the batch's response tokens
     lengths: Tensor | None = None  # [B] tokens each response holds, before any filter (opo)
     greedy_scores: Tensor | None = None  # [B] the greedy response's reward, same prompt (remax)
 
@@ -185,63 +183,10 @@ class AdvantageInputs:
 Estimator = Callable[[AdvantageInputs], tuple[Tensor, Tensor | None]]
 
 
-def missing_aware(
-    estimator: Callable[[Tensor, list[str]], Tensor], rewards: Tensor, ids: list[str]
-) -> Tensor:
-    """`estimator(rewards [P, G], ids [P])` over groups whose missing rewards are NaN.
-
-    A group with missing rewards is estimated from its scored responses alone, as if the
-    group were that much smaller; missing responses get advantage 0 (and no loss: the
-    trainer masks them out). A group with fewer than two scored responses has no baseline
-    to compare with, so all its advantages are 0, for every estimator (GRPO's std and
-    RLOO's leave-one-out mean need two).
-    """
-    scored = ~rewards.isnan()
-    if scored.all():
-        return estimator(rewards, ids)
-    advantages = torch.zeros_like(rewards)
-    for g in range(rewards.shape[0]):
-        keep = scored[g]
-        if keep.sum() >= 2:
-            advantages[g, keep] = estimator(rewards[g, keep][None], [ids[g]])[0]
-    return advantages
-
-
-def outcome(estimator: Callable[[Tensor, list[str]], Tensor]) -> Estimator:
-    """An outcome estimator over ``[P, G]`` groups as a registry entry: one advantage per
-    response, ``[B]``, from ``sequence_rewards``."""
-
-    def entry(x: AdvantageInputs) -> tuple[Tensor, None]:
-        groups = x.sequence_rewards.view(-1, x.group_size)  # DAPO may train on fewer groups
-        ids = x.prompt_ids[:: x.group_size]
-        return missing_aware(estimator, groups, ids).flatten(), None
-
-    return entry
-
-
-def estimate(p: Piece, settings: dict, x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
-    """The estimator `p` on a copy of `x` (writing into its inputs changes nothing the step
-    reads after it), its output checked: a `PieceError` names it when it raises, returns
-    something else than (advantages [B] or [B, T], returns or None), or a non-finite
-    advantage for a scored response."""
-    copies = {
-        f.name: v.clone() if isinstance(v := getattr(x, f.name), Tensor) else v
-        for f in dataclasses.fields(x)
-    }
-    out = call_piece(p, "algo.advantage", settings, x=AdvantageInputs(**copies))
-    rows, width = x.mask.shape
-    problem = advantage_output_problem(out, rows, width, "response_advantage" in p.needs)
-    if problem is None:
-        scored = ~x.scores.isnan().to(out[0].device)
-        if not bool(torch.isfinite(out[0][scored]).all()):
-            problem = "a non-finite advantage (nan or inf) for a response whose reward was scored"
-    if problem is not None:
-        raise PieceError(
-            f"algo.advantage={p.name} returned {problem}. An estimator returns (advantages, "
-            f"returns or None), the advantages one per response, [{rows}], or per token, "
-            f"[{rows}, {width}], finite wherever the reward was scored."
-        )
-    return out
+def per_group(x: AdvantageInputs, estimator: Callable[[Tensor], Tensor]) -> tuple[Tensor, None]:
+    """An outcome estimator over ``[P, G]`` groups of `sequence_rewards`, as a registry entry
+    returns it: one advantage per response, ``[B]``."""
+    return estimator(x.sequence_rewards.view(-1, x.group_size)).flatten(), None
 
 
 ADVANTAGES: dict[str, Piece] = {}
@@ -251,34 +196,42 @@ ADVANTAGES: dict[str, Piece] = {}
 register_advantage = registrar(ADVANTAGES, ("x",))
 
 
-def _outcome_entry(name: str, estimator: Callable[[Tensor, list[str]], Tensor], doc: str):
-    def entry(x: AdvantageInputs):
-        return outcome(estimator)(x)
-
-    entry.__doc__ = doc
-    register_advantage(name, needs=("groups", "response_advantage"))(entry)
+@register_advantage("grpo", needs=("groups", "response_advantage"))
+def grpo(x: AdvantageInputs):
+    """GRPO: (R - mean) / (std + 1e-6)."""
+    return per_group(x, grpo_advantages)
 
 
-_outcome_entry("grpo", lambda r, ids: grpo_advantages(r), "GRPO: (R - mean) / (std + 1e-6).")
-_outcome_entry("dr_grpo", lambda r, ids: dr_grpo_advantages(r), "Dr.GRPO: R - mean, no std.")
-_outcome_entry("rloo", lambda r, ids: rloo_advantages(r), "RLOO: R - the others' mean.")
+@register_advantage("dr_grpo", needs=("groups", "response_advantage"))
+def dr_grpo(x: AdvantageInputs):
+    """Dr.GRPO: R - mean, no std."""
+    return per_group(x, dr_grpo_advantages)
+
+
+@register_advantage("rloo", needs=("groups", "response_advantage"))
+def rloo(x: AdvantageInputs):
+    """RLOO: R - the others' mean."""
+    return per_group(x, rloo_advantages)
 
 
 @register_advantage("dcpo_sas", needs=("groups", "response_advantage"))
 def dcpo_sas(x: AdvantageInputs):
     """DCPO's SAS: standardised rewards smoothed over each prompt's visits (state in x.sas)."""
-    return outcome(lambda rewards, ids: x.sas(ids, rewards))(x)
+    return per_group(x, lambda rewards: x.sas(x.prompt_ids[:: x.group_size], rewards))
 
 
 @register_advantage("gae", needs=("critic",))
-def gae_advantages(x: AdvantageInputs) -> tuple[Tensor, Tensor]:
+def gae_advantages(
+    x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True
+) -> tuple[Tensor, Tensor]:
     """PPO: GAE over the token rewards and the critic's values (returns too).
 
-    Whitening (mean 0, std 1 over the batch's response tokens) follows the common PPO
-    implementations (OpenAI baselines, verl); the spec leaves it open.
+    gamma, lam: GAE's discount and lambda (InstructGPT: 1 and 0.95). whiten: mean 0, std 1
+    over the batch's response tokens, as the common PPO implementations do (OpenAI baselines,
+    verl); the spec leaves it open.
     """
-    advantages, returns = gae(x.token_rewards, x.values, x.mask, x.gamma, x.lam)
-    if x.whiten:
+    advantages, returns = gae(x.token_rewards, x.values, x.mask, gamma, lam)
+    if whiten:
         m = x.mask.bool()
         mean, std = advantages[m].mean(), advantages[m].std()
         advantages = torch.where(m, (advantages - mean) / (std + 1e-8), 0.0)
@@ -316,13 +269,12 @@ def whiten_tokens(values: Tensor, mask: Tensor) -> Tensor:
 
 
 @register_advantage("reinforce_pp", needs=("whole_batch",))
-def reinforce_pp(x: AdvantageInputs):
+def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0):
     """REINFORCE++ (arXiv 2501.03262): PPO's token-reward returns, whitened over the batch.
 
-    G_t = sum_{s >= t} gamma^(s - t) r_s with gamma = algo.gamma (the paper's 1); no critic, no
-    groups."""
+    G_t = sum_{s >= t} gamma^(s - t) r_s (the paper's gamma is 1); no critic, no groups."""
     # GAE with no values and lambda 1 is exactly the discounted return, tool turns skipped.
-    returns, _ = gae(x.token_rewards, torch.zeros_like(x.token_rewards), x.mask, x.gamma, 1.0)
+    returns, _ = gae(x.token_rewards, torch.zeros_like(x.token_rewards), x.mask, gamma, 1.0)
     return whiten_tokens(returns, x.mask), None
 
 
@@ -372,11 +324,13 @@ def gpg(x: AdvantageInputs):
     M counts the responses in groups whose rewards are all equal (the paper's count, not
     verl's R != 0)."""
     groups = x.sequence_rewards.view(-1, x.group_size)
-    centred = outcome(lambda rewards, ids: dr_grpo_advantages(rewards))(x)[0]
     scored = ~groups.isnan()
     low = torch.where(scored, groups, torch.inf).amin(-1)
     high = torch.where(scored, groups, -torch.inf).amax(-1)
     flat = (low == high) | (scored.sum(-1) < 2)  # no gradient from these groups
+    # R minus its group's mean over the scored responses (Dr.GRPO's), exactly 0 in flat groups
+    mean = groups.nan_to_num(0.0).sum(-1, keepdim=True) / scored.sum(-1, keepdim=True).clamp(min=1)
+    centred = torch.where(scored & ~flat[:, None], groups - mean, 0.0).flatten()
     total = float(groups.numel())
     alpha = total / max(1.0, total - float(flat.sum()) * x.group_size)
     return alpha * centred, None

@@ -4,8 +4,10 @@ own function in a file (`algo.loss=my_losses.py:fn`, `algo.advantage=my_adv.py:f
 A file's function is read as a registered one is (`ops.pieces`): its parameters that are
 inputs are inputs, its keyword-only parameters with defaults are its settings
 (`algo.loss_settings`, `algo.advantage_settings`), and what it needs is an attribute
-`fn.needs = ("response_advantage", ...)` or the `needs=` of `register_loss` /
-`register_advantage`, when the file registers it. It runs in the learner's process (it
+`fn.needs = ("response_advantage", ...)` (and a loss's mini-batch token selection
+`fn.select = choose`, as `register_loss(select=...)` gives one) or the `needs=` of
+`register_loss` / `register_advantage`, when the file registers it. Ctrl-C while it imports
+stays Ctrl-C. It runs in the learner's process (it
 computes on the policy's tensors): it is the user's own code, as a reward function is.
 """
 
@@ -22,7 +24,8 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcli.config import CONF_DIR, AlgoConfig, ConfigError, SamplerConfig
-from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs, estimate
+from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
+from rlcli.ops.estimate import estimate
 from rlcli.ops.losses import LOSS_INPUTS, LOSSES
 from rlcli.ops.objective import Objective, loss_of
 from rlcli.ops.pieces import Piece, PieceError, piece, settings_problem
@@ -61,7 +64,8 @@ def _user_piece(spec: str, key: str) -> Piece:
     if registered:  # the file registered it with its needs
         return registered[0]
     try:
-        return piece(spec, fn, inputs, getattr(fn, "needs", ()))
+        needs, select = getattr(fn, "needs", ()), getattr(fn, "select", None)
+        return piece(spec, fn, inputs, needs, select=select)
     except ValueError as err:
         raise ConfigError(f"{key}={spec}: {err}.") from None
 
@@ -82,7 +86,7 @@ def _load(spec: str, key: str, target: str, attr: str):
             module = importlib.import_module(target)
     except ConfigError:
         raise
-    except BaseException as err:  # noqa: BLE001 - the user's module failed to import
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's module failed to import
         why = f"{type(err).__name__}: {err}"
         raise ConfigError(f"{key}={spec}: importing {target} failed ({why}).") from None
     fn = getattr(module, attr, None)

@@ -20,6 +20,7 @@ from rlcli.data.records import read_texts
 from rlcli.env import response_budget
 from rlcli.ops.advantages import SasTracker
 from rlcli.ops.objective import Objective
+from rlcli.ops.pieces import Piece
 from rlcli.rewards.scorer import Scorer
 from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
 from rlcli.runtime import distributed
@@ -73,6 +74,8 @@ class Run:
     # Keeps what it scores while recording (the loop's table of samples)
     scorer: RecordingScorer
     objective: Objective
+    estimator: Piece  # algo.advantage's, resolved once
+    advantage_settings: dict  # its settings given in algo.advantage_settings
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     prompts: PromptStream
@@ -134,7 +137,8 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         if t.attention != "auto":
             reference.set_attn_implementation(t.attention)
     critic = critic_optimizer = None
-    if "critic" in advantage_piece(algo.advantage).needs:
+    estimator = advantage_piece(algo.advantage)
+    if "critic" in estimator.needs:
         path, new_head = algo.critic_path or model_path, algo.critic_path is None
         critic = make_critic(path, t.dtype, device, new_head, cfg.model.lora, checkpoint)
         critic_optimizer = adamw(trainable(critic), algo.critic_lr or t.lr)
@@ -178,6 +182,8 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         objective=objective_from_config(
             algo, cfg.sampler, norm_len=algo.norm_len or response_budget(cfg)
         ),
+        estimator=estimator,
+        advantage_settings=dict(algo.advantage_settings),
         optimizer=optimizer,
         scheduler=scheduler,
         prompts=PromptStream(train_set, t.seed),

@@ -18,7 +18,8 @@ import torch
 from rlcli.config import Config, ConfigError
 from rlcli.data.problems import render_prompt
 from rlcli.env import system_prompt
-from rlcli.ops.advantages import AdvantageInputs, estimate
+from rlcli.ops.advantages import AdvantageInputs
+from rlcli.ops.estimate import estimate
 from rlcli.ops.policy_loss import adaptive_kl_beta, kl_reward_penalty
 from rlcli.rewards.components import component_names
 from rlcli.rewards.sampling import sample_and_score
@@ -32,7 +33,6 @@ from rlcli.train.batch import TrainBatch
 from rlcli.train.critic import batch_values, learn_critic
 from rlcli.train.forward import batch_logprobs
 from rlcli.train.learner import UpdatePlan, learn, lm_loss
-from rlcli.train.pieces import advantage_piece
 from rlcli.train.run import Run
 from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
 
@@ -88,7 +88,7 @@ def collect_batch(run: Run) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
         batch, round_scores = sample_and_score(
             run.sampler, timed_scorer, run.tokenizer, problems, G, system_prompt(run.cfg)
         )
-        if "greedy" in advantage_piece(algo.advantage).needs:  # ReMax's baseline
+        if "greedy" in run.estimator.needs:  # ReMax's baseline
             _, greedy = sample_and_score(run.sampler, timed_scorer, run.tokenizer, problems, 1,
                                          system_prompt(run.cfg), temperature=0.0)  # fmt: skip
             baseline = greedy.total.repeat_interleave(G)
@@ -248,8 +248,8 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
 
     old_values = batch_values(run.critic, rollout, mbs) if run.critic is not None else None
     advantages, returns = estimate(
-        advantage_piece(algo.advantage),
-        dict(algo.advantage_settings),
+        run.estimator,
+        run.advantage_settings,
         x=AdvantageInputs(
             scores=scores,
             kl_penalty=kl_penalty,
@@ -259,9 +259,6 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
             sas=run.sas,
             values=old_values,
             step_rewards=rollout.step_rewards,
-            gamma=algo.gamma,
-            lam=algo.lam,
-            whiten=algo.whiten_advantages,
             lengths=lengths,
             greedy_scores=rollout.baseline_scores,
         ),
