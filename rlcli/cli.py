@@ -85,7 +85,7 @@ def _job(raw, work) -> None:
     from transformers.utils import logging as hf_logging
 
     from rlcli.config import ConfigError
-    from rlcli.rollout.servers import WorkerLost
+    from rlcli.rollout.worker_client import WorkerLost
     from rlcli.tracking.console import job_log
     from rlcli.train.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped
     from rlcli.train.run_dir import claim, record_config

@@ -10,14 +10,13 @@ from pathlib import Path
 
 from rlcli.config import Config
 from rlcli.data import load_splits
-from rlcli.env import system_prompt
 from rlcli.train.held_out import EVAL_SAMPLES_FILE, EVAL_SEED, evaluate, write_eval_samples
 
 
 def evaluate_model(cfg: Config, run_dir: Path) -> dict:
     """`rlcli eval`: evaluate the configured model on the held-out split; write eval.json (the
     metrics, to 6 decimals) and eval_samples.jsonl (per problem)."""
-    from rlcli.rewards.sampling import frozen_sampling
+    from rlcli.collect.sampling import frozen_sampling
     from rlcli.runtime.seed import seed_everything
 
     t = cfg.trainer
@@ -30,17 +29,16 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
             f"data={cfg.data.name} has no held-out problems to evaluate on: set "
             "data.num_test (or data.test_path)."
         )
-    scorer, model_path, tokenizer, sampler = frozen_sampling(cfg, test)
+    scorer, model_path, render, sampler = frozen_sampling(cfg, test)
     n = min(len(test), cfg.eval.max_problems or len(test))
     print(f"rlcli: evaluating {model_path} on {n} held-out problems of data={cfg.data.name}")
     start = time.perf_counter()
     result = evaluate(
         sampler,
         scorer,
-        tokenizer,
+        render,
         test,
         cfg.eval,
-        system_prompt(cfg),
         t.seed + EVAL_SEED,
         progress=cfg.logger.progress,
     )

@@ -16,11 +16,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from rlcli.collect.sampling import frozen_sampling, scored_chunks
 from rlcli.config import Config
 from rlcli.data import load_splits
 from rlcli.data.problems import Problem, write_records
-from rlcli.env import system_prompt
-from rlcli.rewards.sampling import frozen_sampling, scored_chunks
 from rlcli.runtime.seed import seed_everything
 
 
@@ -48,16 +47,14 @@ def filter_dataset(cfg: Config, run_dir: Path) -> dict:
     f, t = cfg.filter, cfg.trainer
     seed_everything(t.seed)
     problems, _ = load_splits(cfg.data)
-    scorer, model_path, tokenizer, sampler = frozen_sampling(cfg, problems)
+    scorer, model_path, render, sampler = frozen_sampling(cfg, problems)
     out = Path(f.out).expanduser() if f.out else run_dir / "filtered.jsonl"
     print(f"rlcli: filtering {len(problems)} prompts with {model_path}, {f.k} samples each")
 
     kept: list[Problem] = []
     counts = {"always": 0, "never": 0, "mixed": 0}
     bar = tqdm(total=len(problems), desc="filter", unit="prompt", disable=not cfg.logger.progress)
-    chunks = scored_chunks(
-        sampler, scorer, tokenizer, problems, f.k, system_prompt(cfg), f.prompts_per_batch
-    )
+    chunks = scored_chunks(sampler, scorer, render, problems, f.k, f.prompts_per_batch)
     for chunk, _, scores in chunks:
         for problem, verdict in zip(
             chunk, verdicts(scores.total.view(len(chunk), f.k), f.correct_above), strict=True

@@ -13,11 +13,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from rlcli.collect.sampling import frozen_sampling, scored_chunks
 from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
 from rlcli.data.problems import write_jsonl
-from rlcli.env import system_prompt
-from rlcli.rewards.sampling import frozen_sampling, scored_chunks
 from rlcli.runtime.seed import seed_everything
 
 
@@ -47,15 +46,13 @@ def make_pairs(cfg: Config, run_dir: Path) -> dict:
         )
     seed_everything(t.seed)
     problems, _ = load_splits(cfg.data)
-    scorer, model_path, tokenizer, sampler = frozen_sampling(cfg, problems)
+    scorer, model_path, render, sampler = frozen_sampling(cfg, problems)
     out = Path(p.out).expanduser() if p.out else run_dir / "pairs.jsonl"
     print(f"rlcli: sampling {p.k} responses for each of {len(problems)} prompts with {model_path}")
 
     rows: list[dict] = []
     bar = tqdm(total=len(problems), desc="pairs", unit="prompt", disable=not cfg.logger.progress)
-    chunks = scored_chunks(
-        sampler, scorer, tokenizer, problems, p.k, system_prompt(cfg), p.prompts_per_batch
-    )
+    chunks = scored_chunks(sampler, scorer, render, problems, p.k, p.prompts_per_batch)
     for chunk, batch, scores in chunks:
         grouped = scores.total.view(len(chunk), p.k)
         for g, (problem, picked) in enumerate(

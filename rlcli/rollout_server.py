@@ -39,7 +39,7 @@ def check_port(port: int) -> None:
 
 
 def serve(cfg: Config, run_dir) -> None:
-    from rlcli.rollout.servers import server_command
+    from rlcli.rollout.worker_processes import server_command
     from rlcli.runtime.models import resolve_model_path
 
     check_port(cfg.sampler.serve_port)  # before minutes of model conversion

@@ -16,8 +16,9 @@ import time
 
 import torch
 
+from rlcli.collect.sampling import sample_and_score
 from rlcli.data import load_splits
-from rlcli.rewards.sampling import sample_and_score
+from rlcli.data.problems import PromptRenderer
 from rlcli.rewards.scorer import Scorer
 from rlcli.rollout.batch import eos_token_ids
 from rlcli.rollout.vllm_engine import VLLMSampler
@@ -32,6 +33,7 @@ def main(overrides: list[str]) -> None:
     _, test = load_splits(cfg.data)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
+    render = PromptRenderer(tokenizer, cfg.data.system_prompt)  # no tools: env=none
     policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
     greedy = dataclasses.replace(cfg.sampler, temperature=0.0)
     sampler = VLLMSampler(
@@ -41,7 +43,7 @@ def main(overrides: list[str]) -> None:
     start, scores = time.perf_counter(), []
     for first in range(0, len(test), 64):
         chunk = test[first : first + 64]
-        _, scored = sample_and_score(sampler, scorer, tokenizer, chunk, 1, cfg.data.system_prompt)
+        _, scored = sample_and_score(sampler, scorer, render, chunk, 1)
         scores.append(scored.total)
     total = torch.cat(scores)
     accuracy = (total > 0.5).float().mean().item()

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("data", ["rlcli.data"]),
     ("rollout", ["rlcli.rollout"]),
     ("rewards", ["rlcli.rewards"]),
+    ("collect", ["rlcli.collect"]),
     ("tracking", ["rlcli.tracking"]),
     ("train", ["rlcli.train"]),
     ("validation", ["rlcli.validate"]),

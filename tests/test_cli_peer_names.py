@@ -38,7 +38,8 @@ from rlcli.config.overrides import PEER_NAMES, check_overrides, group_choices, u
         # rlcli's own key from before the estimators' settings became their own
         ("algo.lam=0.9", "algo.lam is now algo.advantage_settings.lam: an advantage estimator's "
          "settings are its own (gae's gamma, lam and whiten; reinforce_pp's gamma), listed by "
-         "rlcli train --help algo. Instead of algo.lam=0.9, write algo.advantage_settings.lam=0.9."),
+         "rlcli train --help algo. Instead of algo.lam=0.9, write "
+         "algo.advantage_settings.lam=0.9."),
     ],
 )  # fmt: skip
 def test_a_trl_or_verl_name_is_answered_with_rlclis(tmp_path, capsys, override, says):

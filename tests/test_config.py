@@ -126,12 +126,23 @@ def test_unknown_key_is_rejected():
 def test_old_logp_auto_corrects_the_mismatch_only_where_compute_is_bfloat16():
     import torch
 
+    from rlcli.rollout.samplers import resolved_old_logp
     from rlcli.runtime.models import has_fast_bf16
 
     bf16_here = has_fast_bf16(torch.device("cpu"))
-    assert compose([]).sampler.old_logp == ("sampler" if bf16_here else "learner")
-    assert compose(["trainer.bf16_autocast=false"]).sampler.old_logp == "learner"
-    assert compose(["sampler=hf"]).sampler.old_logp == "learner"
+    assert resolved_old_logp(compose([])) == ("sampler" if bf16_here else "learner")
+    assert resolved_old_logp(compose(["trainer.bf16_autocast=false"])) == "learner"
+    assert resolved_old_logp(compose(["sampler=hf"])) == "learner"
+    assert resolved_old_logp(compose(["sampler.old_logp=learner"])) == "learner"
+    # Sampling ahead, the batch is one update old: the sampler is its behaviour policy.
+    ahead = ["sampler.workers=1", "sampler.async_rollout=true", "sampler.old_logp=learner"]
+    assert resolved_old_logp(compose(ahead)) == "sampler"
+
+
+def test_validate_leaves_the_config_as_written():
+    # config.yaml shows what the user chose; `auto` is resolved where it is read.
+    assert compose([]).sampler.old_logp == "auto"
+    assert compose(["sampler.workers=1", "sampler.async_rollout=true"]).sampler.old_logp == "auto"
     assert compose(["sampler.old_logp=learner"]).sampler.old_logp == "learner"
 
 

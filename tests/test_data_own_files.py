@@ -11,7 +11,7 @@ import datasets
 import pytest
 
 from rlcli.data import load_splits
-from rlcli.data.problems import fit_prompts
+from rlcli.data.problems import fit_prompts, prompt_renderer
 from rlcli.runtime.models import load_tokenizer
 from rlcli.validate import compose, section
 
@@ -31,7 +31,8 @@ def rlcli_train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 def test_an_empty_held_out_split_fits_as_it_is(tiny_model_dir):
     cfg = compose(["model=tiny", "sampler=hf"])
-    assert fit_prompts(cfg, load_tokenizer(tiny_model_dir), [], "held-out") == []
+    render = prompt_renderer(cfg, load_tokenizer(tiny_model_dir))
+    assert fit_prompts(cfg, render, [], "held-out") == []
 
 
 def test_reading_a_file_draws_no_progress_bar(tmp_path, capfd):

@@ -341,7 +341,8 @@ def test_an_episode_in_the_chat_templates_format_is_the_templates_own_conversati
     template writes for that conversation, with only the model's words in the loss. (The
     template, in Qwen2.5's format, is tests/fixtures/tool_chat_template.jinja: no Qwen
     tokenizer can be downloaded here.)"""
-    from rlcli.data.problems import render_prompt
+    from rlcli.data.problems import PromptRenderer
+    from rlcli.env import prompt_tools
 
     tokenizer = load_tokenizer(tiny_model_dir)
     tokenizer.chat_template = (RECIPES_DIR.parent / "tests" / "fixtures" /
@@ -352,7 +353,8 @@ def test_an_episode_in_the_chat_templates_format_is_the_templates_own_conversati
     env = env_section(tool_format="chat_template")
     sampler = EpisodeSampler(engine, tokenizer, env, section("sampler", "hf"))
     question = "What is 12345 * 6789?"
-    prompt = render_prompt(tokenizer, question, None, sampler.prompt_tools)
+    tools = prompt_tools(env, tokenizer)  # the schemas every prompt declares
+    prompt = PromptRenderer(tokenizer, None, tools)(question)
     engine.prompts = [tokenizer(prompt, add_special_tokens=False).input_ids]
     batch = sampler.sample([prompt], 1, ["0"], ["83810205"])
 
@@ -364,9 +366,7 @@ def test_an_episode_in_the_chat_templates_format_is_the_templates_own_conversati
         {"role": "tool", "content": "83810205"},
         {"role": "assistant", "content": "It is 83810205."},
     ]  # fmt: skip
-    written = tokenizer.apply_chat_template(
-        conversation, tools=sampler.prompt_tools, tokenize=False
-    )
+    written = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False)
     n = int(batch.attention_mask[0, batch.prompt_width :].sum())
     seen = tokenizer.decode(engine.prompts[0] + batch.response_ids[0, :n].tolist())
     assert seen + "\n" == written  # the template closes the last turn with a newline
@@ -552,7 +552,7 @@ def test_smollm2_calls_the_calculator_in_a_two_step_grpo_run_on_vllm():
     in a tool turn and go on; a GRPO step trains on them with the tool turns masked."""
     from rlcli.recipes import compose as compose_recipe
     from rlcli.train.run import setup
-    from rlcli.train.step import collect_batch, train_step
+    from rlcli.train.step import train_step
 
     # Near-greedy sampling: SmolLM2 calls the tool in ~1 of 4 greedy episodes before training,
     # and in fewer at the recipe's temperature (0.7).
@@ -560,7 +560,7 @@ def test_smollm2_calls_the_calculator_in_a_two_step_grpo_run_on_vllm():
         ["recipe=demo/grpo_calculator", "sampler.temperature=0.3", "trainer.group_size=4"]
     )
     run = setup(cfg)
-    batch, scores, _ = collect_batch(run)
+    batch, scores, _ = run.collector.next_batch()
     calls = batch.tool_calls
     assert calls.sum() > 0, batch.texts
     tool_tokens = batch.attention_mask[:, batch.prompt_width :] - batch.response_mask

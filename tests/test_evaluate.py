@@ -10,7 +10,6 @@ import torch
 from rlcli.data import load_splits
 from rlcli.train.held_out import evaluate, pass_at_k, pass_at_ks
 from rlcli.train.run import setup
-from rlcli.train.step import collect_batch
 from rlcli.validate import compose
 from tests.test_train import rlcli
 
@@ -76,14 +75,14 @@ def test_rlcli_eval_writes_accuracy_and_pass_at_k(tmp_path):
 def test_evaluation_is_greedy_and_leaves_the_training_samples_alone():
     overrides = ["model=tiny", "reward=space_rate", "sampler.max_new_tokens=12"]
     plain = setup(compose([*overrides, "trainer.prompts_per_step=2"]))
-    expected, _, _ = collect_batch(plain)
+    expected, _, _ = plain.collector.next_batch()
 
     run = setup(compose([*overrides, "trainer.prompts_per_step=2", "eval.k=2"]))
     _, test = load_splits(run.cfg.data)
-    first = evaluate(run.sampler, run.scorer, run.tokenizer, test[:4], run.cfg.eval, None, 1)
-    again = evaluate(run.sampler, run.scorer, run.tokenizer, test[:4], run.cfg.eval, None, 1)
+    first = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, 1)
+    again = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, 1)
     assert first == again  # the same seed: greedy and sampled replies repeat
-    batch, _, _ = collect_batch(run)
+    batch, _, _ = run.collector.next_batch()
     assert batch.texts == expected.texts  # evaluating did not move the training stream
 
 
@@ -106,12 +105,12 @@ def test_trainer_eval_every_logs_held_out_metrics(tmp_path):
 
 
 def test_eval_top_p_shapes_the_pass_at_k_samples():
-    from rlcli.rewards.sampling import frozen_sampling
+    from rlcli.collect.sampling import frozen_sampling
     from rlcli.rollout.vllm_engine import sampling_settings
 
     cfg = compose(["model=tiny", "sampler=hf", "reward=space_rate", "sampler.max_new_tokens=12"])
     problems = load_splits(cfg.data)[1][:2]
-    _, _, tokenizer, sampler = frozen_sampling(cfg, problems)
+    _, _, _, sampler = frozen_sampling(cfg, problems)
     prompts = [p.question for p in problems]
     ids, answers = [p.id for p in problems], [p.answer for p in problems]
     greedy = sampler.sample(prompts, 1, ids, answers, temperature=0.0, seed=1).texts

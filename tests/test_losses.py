@@ -245,3 +245,29 @@ def test_remax_subtracts_the_greedy_responses_reward():
     # a failed greedy reward leaves no baseline: no signal (not A = R, as a baseline of 0 gave)
     assert adv.tolist() == [0.5, -0.5, 0.0]
     assert {"greedy", "response_advantage"} == set(ADVANTAGES["remax"].needs)
+
+
+def test_every_registered_losss_own_metrics_are_in_the_metrics_reference():
+    # A loss's metrics reach metrics.jsonl under its own names; each must have a row in
+    # rlcli/tracking/metric_names.py (from which the Metrics reference is generated).
+    from rlcli.ops.losses import LOSSES
+    from rlcli.tracking.metric_names import documented
+
+    g = torch.Generator().manual_seed(0)
+    rows, width = 4, 3
+    old = -torch.rand(rows, width, generator=g) - 0.5
+    logp = (old + 0.1 * torch.randn(rows, width, generator=g)).requires_grad_()
+    inputs = dict(
+        logp=logp, old_logp=old, ref_logp=old.clone(), mask=torch.ones(rows, width),
+        advantages=torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(rows, width),
+        entropy=torch.rand(rows, width, generator=g), ratio=(logp - old).exp(),
+        lo=torch.full((rows, width), 0.8), hi=torch.full((rows, width), 1.2), eps_low=0.2,
+        eps_high=0.2, dual_clip=None, selected=torch.zeros(rows, width, dtype=torch.bool),
+    )  # fmt: skip
+    undocumented = {}
+    for name, registered in LOSSES.items():
+        _, metrics = registered.run({}, **inputs)
+        missing = [key for key in metrics if documented(key) is None]
+        if missing:
+            undocumented[name] = missing
+    assert not undocumented, f"add these to rlcli/tracking/metric_names.py: {undocumented}"

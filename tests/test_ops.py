@@ -477,7 +477,7 @@ def test_explained_variance():
 
 
 def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one():
-    # sampler.async_rollout sets sampler.old_logp=sampler: each token's loss is weighted by
+    # sampler.async_rollout resolves sampler.old_logp to sampler: each token's loss is weighted by
     # min(exp(learner - sampler), cap). When the batch was sampled with the learner's own
     # weights (staleness 0, no rounding gap) the weight is exactly 1, so the loss and its
     # gradient equal those of the synchronous objective bit for bit.

@@ -193,8 +193,8 @@ def test_dynamic_sampling_reports_mean_and_components_over_the_same_responses(tm
 
 
 def test_reward_metrics_of_rounds_share_their_responses():
+    from rlcli.collect.batches import reward_metrics
     from rlcli.rewards.scorer import Scores
-    from rlcli.train.step import reward_metrics
 
     kept = Scores(torch.tensor([0.0, 1.0]), {"c": torch.tensor([0.0, 1.0])}, [])
     dropped = Scores(torch.tensor([1.0, 1.0]), {"c": torch.tensor([1.0, 1.0])}, [])

@@ -255,11 +255,11 @@ def tiny_run(*overrides):
 
 
 def test_training_on_an_outcome_reward_model(model_dirs):
-    from rlcli.train.step import collect_batch, train_step
+    from rlcli.train.step import train_step
 
     path = model_dirs["orm", 1]
     run = tiny_run("reward=reward_model", f"reward.model_path={path}")
-    batch, scores, metrics = collect_batch(run)
+    batch, scores, metrics = run.collector.next_batch()
     # The rewards are the ORM's scores of the sampled responses.
     expected = _orm(model_dirs).score([s.question for s in _questions(run, batch)], batch.texts)
     assert scores.tolist() == pytest.approx(expected, abs=1e-4)
@@ -275,7 +275,7 @@ def _questions(run, batch):
 
 def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
     from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
-    from rlcli.train.step import collect_batch, train_step
+    from rlcli.train.step import train_step
 
     run = tiny_run(
         "reward=process",
@@ -284,7 +284,7 @@ def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
         f"reward.step_tag='{TAG}'",
         "reward.step_separator=' '",  # the random policy writes no newlines, but spaces
     )
-    batch, scores, _ = collect_batch(run)
+    batch, scores, _ = run.collector.next_batch()
     ends = ~batch.step_rewards.isnan()
     assert ends.sum() > len(batch.texts)  # several steps per response on average
     assert not (ends & ~batch.response_mask.bool()).any()

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlcli.collect.shaping import informative_groups
 from rlcli.config import ConfigError
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs, SasTracker, grpo_advantages
 from rlcli.ops.estimate import estimate
 from rlcli.rewards.rules import accuracy, dcpo_score, format_match, signed_accuracy, space_rate
 from rlcli.rewards.scorer import Sample, Scorer
-from rlcli.train.shaping import informative_groups
 from rlcli.validate import compose
 
 THINK_ANSWER = compose(["reward=format"]).reward.pattern

@@ -19,7 +19,7 @@ from rlcli.tracking.metrics import read_metrics
 from rlcli.train import loop
 from rlcli.train.checkpoint import IN_PROGRESS, damage, list_checkpoints
 from rlcli.train.loop import train
-from rlcli.train.run_dir import kind_of_field
+from rlcli.train.run_dir import config_dict, kind_of_field, resume_changes
 from rlcli.validate import compose
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,6 +167,16 @@ def test_a_write_that_fails_midway_leaves_no_partial_checkpoint(tmp_path):
 )  # fmt: skip
 def test_what_a_resume_may_change(key, kind):
     assert kind_of_field(key) == kind
+
+
+def test_a_config_saved_with_old_logp_resolved_still_resumes_with_auto():
+    # An older rlcli wrote sampler.old_logp=auto into config.yaml as it resolved it.
+    cfg = compose(TINY)
+    assert cfg.sampler.old_logp == "auto"
+    saved = config_dict(replace(cfg, sampler=replace(cfg.sampler, old_logp="learner")))
+    assert resume_changes(saved, cfg)["fixed"] == []
+    saved = config_dict(replace(cfg, sampler=replace(cfg.sampler, old_logp="sampler")))
+    assert resume_changes(saved, cfg)["fixed"] == [("sampler.old_logp", "sampler", "learner")]
 
 
 def test_the_manifest_covers_every_file_of_a_checkpoint(three_steps):

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from rlcli.collect.shaping import dupo_fill, filter_values, group_rows, informative_groups
 from rlcli.config import ConfigError
 from rlcli.rewards.rules import space_rate
 from rlcli.rewards.scorer import Scores
@@ -14,8 +15,7 @@ from rlcli.rollout.batch import concat_rollouts, select_rows
 from rlcli.train.forward import batch_logprobs
 from rlcli.train.loop import train
 from rlcli.train.run import setup
-from rlcli.train.shaping import dupo_fill, group_rows, informative_groups
-from rlcli.train.step import collect_batch, filter_values, train_step
+from rlcli.train.step import train_step
 from rlcli.validate import compose
 
 
@@ -63,12 +63,12 @@ def test_dynamic_sampling_stops_with_a_clear_message():
         "sampler.max_new_tokens=16",
     )
     with pytest.raises(ConfigError, match="found only 0 of 4 groups .* algo.max_gen_batches=2"):
-        collect_batch(run)
+        run.collector.next_batch()
 
 
 def test_dynamic_sampling_keeps_only_informative_groups():
     run = tiny_run("algo=dapo", "reward=space_rate", "sampler.max_new_tokens=16")
-    batch, scores, metrics = collect_batch(run)
+    batch, scores, metrics = run.collector.next_batch()
     assert len(batch.texts) == 16 and metrics["batch/gen_batches"] >= 1
     assert informative_groups(scores.view(4, 4)).all()
 
@@ -85,9 +85,9 @@ def test_dynamic_sampling_filters_on_correctness_not_on_the_total():
     both += ["reward.components=[python,space_rate]", "sampler.max_new_tokens=16"]
     run = tiny_run("algo=dapo", "algo.max_gen_batches=2", *both)
     with pytest.raises(ConfigError, match="whose correctness .* differs"):
-        collect_batch(run)
+        run.collector.next_batch()
     run = tiny_run("algo=dapo", "algo.filter_metric=total", *both)
-    batch, scores, metrics = collect_batch(run)
+    batch, scores, metrics = run.collector.next_batch()
     assert len(batch.texts) == 16 and metrics["batch/gen_batches"] == 1
 
 
@@ -116,7 +116,7 @@ def test_dupo_fill_replaces_all_equal_groups():
         "trainer.prompts_per_step=8",
         "sampler.max_new_tokens=8",
     )
-    batch, scores, metrics = collect_batch(run)
+    batch, scores, metrics = run.collector.next_batch()
     equal = round(metrics["batch/groups_all_equal"] * 8)
     assert 0 < equal < 8, "the fixture should mix constant and informative groups"
     assert metrics["batch/duplicated_groups"] == equal

@@ -115,7 +115,7 @@ def test_a_short_real_episode_run_in_the_templates_format(tiny_model_dir, tmp_pa
     the template, its episodes run and train (the random model writes no call; the episode
     mechanics with calls in this format are tests/test_env.py's)."""
     from rlcli.train.run import setup
-    from rlcli.train.step import collect_batch, train_step
+    from rlcli.train.step import train_step
 
     model_dir = tmp_path / "tiny-tools"
     shutil.copytree(tiny_model_dir, model_dir)
@@ -127,7 +127,7 @@ def test_a_short_real_episode_run_in_the_templates_format(tiny_model_dir, tmp_pa
     ])  # fmt: skip
     run = setup(cfg)
     assert run.sampler.calls == TemplateCalls("<tool_call>", "</tool_call>")
-    batch, _, _ = collect_batch(run)
+    batch, _, _ = run.collector.next_batch()
     prompt = run.tokenizer.decode(batch.input_ids[0, : batch.prompt_width])
     assert '"name": "calculator"' in prompt and "<tools>" in prompt
     assert "<tool>NAME</tool>" not in prompt  # rlcli's instructions are not added

@@ -11,7 +11,7 @@ import torch
 
 from rlcli.rewards.rules import space_rate
 from rlcli.train.run import setup
-from rlcli.train.step import collect_batch, train_step
+from rlcli.train.step import train_step
 from rlcli.validate import compose
 
 
@@ -131,7 +131,7 @@ def test_a_reward_failing_on_some_samples_does_not_stop_the_run(tiny_overrides):
     run = setup(
         compose([*tiny_overrides, "reward=python", "reward.function=test_train:flaky_space_rate"])
     )
-    batch, scores, metrics = collect_batch(run)
+    batch, scores, metrics = run.collector.next_batch()
     failing = [len(t) % 3 == 0 for t in batch.texts]
     assert 0 < sum(failing) < len(failing)
     assert scores.isnan().tolist() == failing  # exactly those samples are missing

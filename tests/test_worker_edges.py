@@ -16,12 +16,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 
 from rlcli.cli import main
 from rlcli.config import ConfigError
-from rlcli.rollout import servers
-from rlcli.rollout.servers import RETRIES, WorkerLost, free_port
+from rlcli.rollout import weight_push, worker_client, workers
+from rlcli.rollout.worker_client import RETRIES, WorkerLost
+from rlcli.rollout.worker_processes import free_port
 from rlcli.rollout.workers import WorkerSampler
 from rlcli.runtime.models import load_tokenizer
 from rlcli.validate import compose
@@ -107,7 +109,7 @@ HTML = (200, "text/html", "<html><body><h1>Welcome to nginx!</h1></body></html>"
 @pytest.fixture
 def fast_retries(monkeypatch):
     """The same retries, without seconds of backoff between them."""
-    monkeypatch.setattr(servers, "RETRY_BACKOFF_S", 0.001)
+    monkeypatch.setattr(worker_client, "RETRY_BACKOFF_S", 0.001)
 
 
 @pytest.fixture(scope="module")
@@ -249,6 +251,126 @@ def test_a_wrong_generate_answer_is_a_lost_worker_not_a_wrong_step(
     assert expect in str(err.value)
     one_paragraph(str(err.value), fake.url)
     assert fake.generated() == (RETRIES + 1 if generate[0] == 500 else 1)
+
+
+# Which errors `WorkerSampler._guard` blames on a worker. A learner-side bug cannot be produced
+# on demand, so each case is injected with a monkeypatch of the narrowest function inside the
+# guarded call: `rollout_from_tokens`, the learner's layout of the batch once a good answer
+# has been read (sampling), and `sampler_weights`, the learner's making of the weights (the
+# push). Before the narrowing every one of them became a WorkerLost (exit 4, a worker blamed).
+LEARNER_BUGS = [
+    KeyError("pad_id"),
+    TypeError("'NoneType' object is not subscriptable"),
+    RuntimeError("The size of tensor a (3) must match the size of tensor b (2)"),
+]
+TRANSPORT = [
+    requests.ConnectionError("('Connection aborted.', RemoteDisconnected())"),
+    ConnectionResetError(104, "Connection reset by peer"),
+    TimeoutError("timed out"),
+]
+
+
+def good_answer(k):
+    return as_json({"choices": [choice(), choice()]})
+
+
+def raised_while_sampling(error, monkeypatch, model_dir, tokenizer) -> Exception:
+    """What sampling raises when turning a worker's good answer into a rollout raises `error`
+    (patched in: a real learner bug cannot be produced on demand)."""
+
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(workers, "rollout_from_tokens", broken)
+    with worker_answering(good_answer) as fake:
+        sampler = sampler_for(fake.url, model_dir, tokenizer)
+        with pytest.raises(Exception) as err:
+            sample(sampler)
+    return err.value
+
+
+@pytest.mark.parametrize("bug", LEARNER_BUGS, ids=lambda e: type(e).__name__)
+def test_a_learner_bug_while_sampling_propagates_as_itself(
+    bug, monkeypatch, tiny_model_dir, tokenizer
+):
+    raised = raised_while_sampling(bug, monkeypatch, tiny_model_dir, tokenizer)
+    assert raised is bug and not isinstance(raised, WorkerLost)
+
+
+@pytest.mark.parametrize("error", TRANSPORT, ids=lambda e: type(e).__name__)
+def test_a_transport_error_while_sampling_is_a_lost_worker(
+    error, monkeypatch, tiny_model_dir, tokenizer
+):
+    raised = raised_while_sampling(error, monkeypatch, tiny_model_dir, tokenizer)
+    assert isinstance(raised, WorkerLost)
+    assert str(raised).startswith(f"a rollout worker failed ({type(error).__name__}: ")
+    assert raised.__cause__ is error and "\n" not in str(raised)
+
+
+class StandInEngine:
+    """vLLM's learner-side transfer engine without its transfer group: it makes every tensor
+    as the real one does, then its broadcast fails with `broadcast_error` (if any)."""
+
+    def __init__(self, broadcast_error=None):
+        self.source, self.broadcast_error = None, broadcast_error
+
+    def send_weights(self):
+        for _ in self.source:
+            pass
+        if self.broadcast_error is not None:
+            raise self.broadcast_error
+
+
+def pushing_sampler(fake, engine, monkeypatch, tiny_model_dir, tokenizer) -> WorkerSampler:
+    monkeypatch.setattr(workers.WeightPush, "connect", lambda self, source: engine)
+    return sampler_for(fake.url, tiny_model_dir, tokenizer)
+
+
+def answers_everything(method, path):
+    return as_json(MODELS if path == "/v1/models" else {})  # reset_prefix_cache too
+
+
+# What torch's gloo raised in the learner when a worker was killed in a broadcast (its first line).
+GLOO_DEAD_PEER = RuntimeError(
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:20621. This is typically caused by a remote worker crashing.\nmore lines"
+)
+
+
+@pytest.mark.parametrize("error", [GLOO_DEAD_PEER, *TRANSPORT], ids=lambda e: type(e).__name__)
+def test_a_push_that_breaks_on_the_way_is_a_lost_worker(
+    error, monkeypatch, tiny_model_dir, tokenizer
+):
+    policy = torch.nn.Linear(2, 2)
+    with FakeWorker(answers_everything) as fake:
+        engine = StandInEngine()
+        sampler = pushing_sampler(fake, engine, monkeypatch, tiny_model_dir, tokenizer)
+        sampler.sync(policy)  # a push that works: reset_prefix_cache asked, the version counted
+        assert sampler.version == 1 and ("POST", "/reset_prefix_cache") in fake.calls
+        engine.broadcast_error = error
+        with pytest.raises(WorkerLost) as err:
+            sampler.sync(policy)
+    assert str(err.value).startswith(f"a rollout worker failed ({type(error).__name__}: ")
+    assert err.value.__cause__ is error and "\n" not in str(err.value)
+    assert sampler.version == 1
+
+
+@pytest.mark.parametrize("bug", LEARNER_BUGS, ids=lambda e: type(e).__name__)
+def test_a_learner_bug_in_the_push_propagates_as_itself(
+    bug, monkeypatch, tiny_model_dir, tokenizer
+):
+    # A RuntimeError too: in the push it counts as the transport's only when the broadcast,
+    # not the learner's making of the weights, raised it.
+    def broken(policy, dtype):
+        yield "weight", torch.zeros(2, 2)
+        raise bug
+
+    monkeypatch.setattr(weight_push, "sampler_weights", broken)
+    with FakeWorker(answers_everything) as fake:
+        sampler = pushing_sampler(fake, StandInEngine(), monkeypatch, tiny_model_dir, tokenizer)
+        with pytest.raises(type(bug)) as err:
+            sampler.sync(torch.nn.Linear(2, 2))
+    assert err.value is bug and not isinstance(err.value, WorkerLost)
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:

@@ -23,7 +23,9 @@ import torch
 
 from rlcli.cli import main
 from rlcli.config import ConfigError
-from rlcli.rollout.servers import not_a_worker, worker_gpus, worker_session
+from rlcli.rollout.samplers import resolved_old_logp
+from rlcli.rollout.worker_client import not_a_worker, worker_session
+from rlcli.rollout.worker_processes import worker_gpus
 from rlcli.rollout.workers import WorkerSampler
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
@@ -113,7 +115,8 @@ def test_async_rollout_samples_one_step_ahead_and_still_learns(tiny_overrides, t
     # mismatch the step reports is that of one update, not zero.
     assert all(r["rollout/logp_abs_diff"] > 0 for r in rows[1:])
     config = (tmp_path / "config.yaml").read_text()
-    assert "old_logp: sampler" in config
+    assert "old_logp: auto" in config  # as written; the run resolves it
+    assert resolved_old_logp(compose(overrides)) == "sampler"
     first = sum(r["reward/mean"] for r in rows[:4]) / 4
     last = sum(r["reward/mean"] for r in rows[-4:]) / 4
     assert last > first + 0.2, [round(r["reward/mean"], 2) for r in rows]

@@ -16,7 +16,8 @@ preference pairs). Two kinds of adapter, picked by
 
 Every problem keeps its source record, so `write_records` can write a filtered copy that the
 same adapter reads back with `data.path=`. Prompts are rendered with the model's chat template
-by `render_prompt`; `PromptStream` feeds the training split to the trainer.
+by `render_prompt`; `PromptStream` feeds the training split to the trainer. `check_data` is
+the data section's checks.
 """
 
 from __future__ import annotations
@@ -52,3 +53,28 @@ def load_splits(cfg: DataConfig) -> Splits:
             f"{', '.join(sorted(DATASETS))}."
         )
     return DATASETS[cfg.name](cfg)
+
+
+def check_data(data: DataConfig) -> None:
+    """A ConfigError for a record dataset without records, or a file given to a generated set."""
+    if data.name in ("jsonl", "parquet", "pairs") and not (data.path or data.hub_id):
+        raise ConfigError(
+            f"data={data.name} needs data.path=<.jsonl, .json or .parquet file> (or "
+            "data.hub_id=<Hugging Face dataset id>): the training records."
+        )
+    given = [
+        f"data.{key}={value}"
+        for key, value in [
+            ("path", data.path),
+            ("test_path", data.test_path),
+            ("hub_id", data.hub_id),
+        ]
+        if value
+    ]
+    if data.name in ("arith", "countdown") and given:
+        # Every data field has a value (conf/data_base.yaml), so Hydra would not object.
+        raise ConfigError(
+            f"{given[0]} is read by the record datasets, but data={data.name} generates its "
+            "problems and would ignore it. For your own file use data=jsonl (or parquet, "
+            f"gsm8k, math, dapo_math_17k, pairs) with {given[0]}."
+        )

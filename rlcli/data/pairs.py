@@ -4,14 +4,15 @@ reply), a chosen and a rejected response.
 The records may be plain text (`{"prompt": str, "chosen": str, "rejected": str}`) or chat form
 (prompt, chosen and rejected as lists of `{"role", "content"}` messages; without a prompt
 field, the chosen conversation minus its last message is the prompt, as in Anthropic-HH).
-`rlcli pairs` (rlcli/pairs.py) makes such records on-policy.
+`rlcli pairs` (rlcli/pairs.py) makes such records on-policy; `check_pairs` is the checks of its
+`pairs` section.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlcli.config import ConfigError, DataConfig
+from rlcli.config import ConfigError, DataConfig, PairsConfig
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,12 @@ def pair_from_record(record: dict, item_id: str, cfg: DataConfig, where: str) ->
     if cfg.system_prompt is not None and prompt[0]["role"] != "system":
         prompt = [{"role": "system", "content": cfg.system_prompt}, *prompt]
     return Pair(item_id, prompt, chosen, rejected)
+
+
+def check_pairs(pairs: PairsConfig) -> None:
+    """A ConfigError for `rlcli pairs` settings that cannot make a pair."""
+    if pairs.k < 2 or pairs.prompts_per_batch < 1:
+        raise ConfigError(
+            f"pairs.k={pairs.k} must be >= 2 (a pair needs two responses to compare) and "
+            f"pairs.prompts_per_batch={pairs.prompts_per_batch} >= 1."
+        )

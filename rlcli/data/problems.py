@@ -74,6 +74,27 @@ def render_prompt(
     )
 
 
+@dataclass(frozen=True)
+class PromptRenderer:
+    """A question as the model's chat template renders it, with the run's system message and
+    tools fixed once (`prompt_renderer`): what training, evaluation and the commands that
+    sample all send to the sampler."""
+
+    tokenizer: object
+    system: str | None
+    tools: list[dict] | None = None  # JSON schemas, env.tool_format=chat_template
+
+    def __call__(self, question: str) -> str:
+        return render_prompt(self.tokenizer, question, self.system, self.tools)
+
+
+def prompt_renderer(cfg: Config, tokenizer) -> PromptRenderer:
+    """The run's renderer: `data.system_prompt` with the tools' instructions, and the tools'
+    schemas where the chat template declares them (a template that cannot take them is
+    refused here)."""
+    return PromptRenderer(tokenizer, system_prompt(cfg), prompt_tools(cfg.env, tokenizer))
+
+
 class PromptStream:
     """Shuffled passes over the training split, seeded; `position` makes resume exact."""
 
@@ -96,16 +117,16 @@ class PromptStream:
         return out
 
 
-def fit_prompts(cfg: Config, tokenizer, problems: list[Problem], split: str) -> list[Problem]:
+def fit_prompts(
+    cfg: Config, render: PromptRenderer, problems: list[Problem], split: str
+) -> list[Problem]:
     """`problems` whose rendered prompt fits sampler.max_prompt_tokens; a longer one is an
     error unless sampler.long_prompts=drop, which drops it with a count. An empty list (no
     held-out split: data.num_test=0) is returned as it is."""
     if not problems:
         return problems  # a tokenizer given no text fails rather than returning nothing
-    s = cfg.sampler
-    system = system_prompt(cfg)
-    tools = prompt_tools(cfg.env, tokenizer)  # a template that cannot take them is refused here
-    rendered = [render_prompt(tokenizer, p.question, system, tools) for p in problems]
+    s, tokenizer = cfg.sampler, render.tokenizer
+    rendered = [render(p.question) for p in problems]
     lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False).input_ids]
     too_long = [i for i, n in enumerate(lengths) if n > s.max_prompt_tokens]
     if not too_long:

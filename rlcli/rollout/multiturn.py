@@ -10,14 +10,14 @@ new assistant turn; for Qwen2.5: `<tool_response>` inside a user turn); a tokeni
 template gets `<result>...</result>` (env.tool_format=rlcli only). Contexts are passed to the
 engine as token ids, never re-tokenized text, so the learner trains on exactly the tokens
 that were sampled. With env.tool_format=chat_template the prompts also declare the tools
-through the template (`prompt_tools`, which `rewards.sampling` renders them with) and calls
-are read in the template's format (`env.chat_template`).
+through the template (`data.problems.prompt_renderer` renders them with `env.prompt_tools`)
+and calls are read in the template's format (`env.chat_template`).
 """
 
 from __future__ import annotations
 
 from rlcli.config import EnvConfig, SamplerConfig
-from rlcli.env import call_format, prompt_tools
+from rlcli.env import call_format
 from rlcli.env.episode import episode_metrics, run_episodes
 from rlcli.env.tools import Toolbox
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
@@ -48,9 +48,6 @@ class EpisodeSampler:
     def __init__(self, base, tokenizer, env: EnvConfig, cfg: SamplerConfig):
         self.base, self.tokenizer, self.env, self.cfg = base, tokenizer, env, cfg
         self.calls = call_format(env, tokenizer)
-        # The tools' JSON schemas every prompt declares (None: rlcli's format, whose system
-        # message describes them)
-        self.prompt_tools = prompt_tools(env, tokenizer)
         self.toolbox = Toolbox(env, self.calls)
         self.before, self.after = tool_turn_text(tokenizer)
         self.last: dict[str, float] = {}

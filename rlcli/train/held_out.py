@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from rlcli.collect.sampling import scored_chunks
 from rlcli.config import EvalConfig
-from rlcli.data.problems import Problem, write_jsonl
-from rlcli.rewards.sampling import scored_chunks
+from rlcli.data.problems import Problem, PromptRenderer, write_jsonl
 from rlcli.rewards.scorer import Scorer, Scores, Unscorable, unscored_reason
 from rlcli.rollout.batch import Rollout
 from rlcli.rollout.samplers import Sampler
@@ -102,10 +102,9 @@ def reply_record(rollout: Rollout, scores: Scores, row: int, correct_above: floa
 def evaluate(
     sampler: Sampler,
     scorer: Scorer,
-    tokenizer,
+    render: PromptRenderer,
     problems: list[Problem],
     cfg: EvalConfig,
-    system_prompt: str | None,
     seed: int,
     progress: bool = False,
 ) -> Evaluation:
@@ -117,9 +116,8 @@ def evaluate(
         # A chunk with no score is no error here (its replies are not correct); the whole
         # evaluation without one is, below.
         scorer=scorer.score,
-        tokenizer=tokenizer,
+        render=render,
         problems=problems,
-        system_prompt=system_prompt,
         chunk_size=cfg.prompts_per_batch,
     )
     # One greedy reply and k samples per problem, chunk by chunk (the samples' seeds are one

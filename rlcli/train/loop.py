@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.config import Config, ConfigError
-from rlcli.env import system_prompt
 from rlcli.ops.pieces import PieceError
 from rlcli.rewards.scorer import Unscorable
-from rlcli.rollout.servers import WorkerLost
+from rlcli.rollout.worker_client import WorkerLost
 from rlcli.runtime import distributed
 from rlcli.tracking.metrics import read_metrics
 from rlcli.tracking.trackers import NoTracker, Tracker
@@ -82,10 +81,9 @@ def rl_evaluate(run: rl.Run, run_dir: Path) -> dict[str, float] | None:
         result = evaluate(
             run.sampler,
             run.scorer,
-            run.tokenizer,
+            run.render,
             run.test_problems,
             cfg.eval,
-            system_prompt(cfg),
             cfg.trainer.seed + EVAL_SEED,
         )
     except UnscoredEvaluation as err:

@@ -13,16 +13,18 @@ from pathlib import Path
 
 import torch
 
+from rlcli.collect.batches import Collector, Shaping
 from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
-from rlcli.data.problems import Problem, PromptStream, fit_prompts
+from rlcli.data.problems import Problem, PromptRenderer, PromptStream, fit_prompts, prompt_renderer
 from rlcli.data.records import read_texts
 from rlcli.env import response_budget
 from rlcli.ops.advantages import SasTracker
 from rlcli.ops.objective import Objective
 from rlcli.ops.pieces import Piece
+from rlcli.rewards.components import component_names
 from rlcli.rewards.scorer import Scorer
-from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
+from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler, objective_sampler
 from rlcli.runtime import distributed
 from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
 from rlcli.runtime.memory import activation_bytes, free_bytes
@@ -71,6 +73,8 @@ class Run:
     critic: torch.nn.Module | None  # PPO only (algo.advantage=gae)
     critic_optimizer: torch.optim.Optimizer | None
     sampler: Sampler
+    render: PromptRenderer  # a question as the prompt the sampler is given
+    collector: Collector  # each step's sampled, scored and shaped batch
     # Keeps what it scores while recording (the loop's table of samples)
     scorer: RecordingScorer
     objective: Objective
@@ -85,8 +89,6 @@ class Run:
     ptx_texts: list[str]
     rng: random.Random  # DUPO's choice of groups to duplicate, ptx batches
     step: int = 0  # optimiser steps done (more than 0 when resumed from a checkpoint)
-    # Problems of the next step, drawn early when the rollout workers sample ahead
-    next_problems: list[Problem] | None = None
 
 
 def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
@@ -110,8 +112,9 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     scorer.check_records(train_set, cfg.data.name)  # the record fields the rewards read
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
-    train_set = fit_prompts(cfg, tokenizer, train_set, "training")
-    test_set = fit_prompts(cfg, tokenizer, test_set, "held-out")
+    render = prompt_renderer(cfg, tokenizer)  # the system message and tools, fixed once
+    train_set = fit_prompts(cfg, render, train_set, "training")
+    test_set = fit_prompts(cfg, render, test_set, "held-out")
     policy = load_policy(cfg, model_path, device, checkpoint)
     if t.attention != "auto":
         policy.set_attn_implementation(t.attention)
@@ -165,6 +168,28 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if working is not None:
         working.follow(optimizer)
     scheduler = lr_schedule(optimizer, t)
+    world = distributed.world_size()
+    scorer = RecordingScorer(scorer)
+    prompts, rng = PromptStream(train_set, t.seed), random.Random(t.seed)
+    collector = Collector(
+        sampler=sampler,
+        scorer=scorer,
+        render=render,
+        prompts=prompts,
+        prompts_per_step=t.prompts_per_step // world,  # under torchrun, this rank's share
+        group_size=t.group_size,
+        shaping=Shaping(
+            algo.dynamic_sampling,
+            algo.max_gen_batches,
+            algo.filter_metric,
+            algo.dupo_fill,
+            tuple(component_names(cfg.reward)),
+        ),
+        greedy="greedy" in estimator.needs,
+        rng=rng,
+        rank=distributed.rank(),
+        world=world,
+    )
     run = Run(
         cfg=cfg,
         model_path=model_path,
@@ -178,20 +203,22 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         critic=critic,
         critic_optimizer=critic_optimizer,
         sampler=sampler,
-        scorer=RecordingScorer(scorer),
+        scorer=scorer,
+        render=render,
+        collector=collector,
         objective=objective_from_config(
-            algo, cfg.sampler, norm_len=algo.norm_len or response_budget(cfg)
+            algo, objective_sampler(cfg), norm_len=algo.norm_len or response_budget(cfg)
         ),
         estimator=estimator,
         advantage_settings=dict(algo.advantage_settings),
         optimizer=optimizer,
         scheduler=scheduler,
-        prompts=PromptStream(train_set, t.seed),
+        prompts=prompts,
         test_problems=test_set,
         sas=SasTracker(),
         beta=algo.beta,
         ptx_texts=ptx_texts,
-        rng=random.Random(t.seed),
+        rng=rng,
     )
     if checkpoint is not None:
         restore(run, checkpoint)

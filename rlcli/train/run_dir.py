@@ -100,6 +100,11 @@ def resume_changes(saved: dict, cfg: Config) -> dict[str, list[tuple[str, object
     new)], 'applied': [...], 'free': [...]}. Fields one side lacks (added to rlcli since) are
     not compared."""
     old, new = flat_items(saved), flat_items(config_dict(cfg))
+    if new.get("sampler.old_logp") == "auto" and old.get("sampler.old_logp") != "auto":
+        # An older rlcli saved `auto` as it resolved it: compare that with what it means now.
+        from rlcli.rollout.samplers import resolved_old_logp
+
+        new["sampler.old_logp"] = resolved_old_logp(cfg)
     changes: dict[str, list] = {"fixed": [], "applied": [], "free": []}
     for key in sorted(old.keys() & new.keys()):
         if old[key] != new[key]:

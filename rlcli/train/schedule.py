@@ -1,5 +1,7 @@
 """The learning-rate schedule (`trainer.lr_scheduler`): transformers' schedules over the run's
-optimiser updates, and their checks before any model loads, at every update the run will make.
+optimiser updates, and their checks before any model loads, at every update the run will make;
+beside them the trainer section's other checks (`check_trainer`): the run's steps, batch shape
+and updates, what it stops on, keeps and evaluates.
 """
 
 from __future__ import annotations
@@ -67,6 +69,41 @@ def lr_schedule_settings(name: str) -> list[str]:
         return []
     function = TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)]
     return [p for p in inspect.signature(function).parameters if p not in _SET_BY_RLCLI]
+
+
+def check_trainer(trainer: TrainerConfig) -> None:
+    """A ConfigError for a run length, batch shape, rate or stop/keep setting that cannot work."""
+    positive = {
+        "trainer.max_steps": trainer.max_steps,
+        "trainer.prompts_per_step": trainer.prompts_per_step,
+        "trainer.group_size": trainer.group_size,
+        "trainer.mini_batches": trainer.mini_batches,
+        "trainer.epochs": trainer.epochs,
+        "trainer.micro_batch_size": trainer.micro_batch_size,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value} is not allowed: it must be a whole number >= 1.")
+    if trainer.lr <= 0:
+        raise ConfigError(f"trainer.lr={trainer.lr} is not allowed: the learning rate must be > 0.")
+    if trainer.max_tokens_per_micro_batch < 0:
+        raise ConfigError(
+            f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch} must be "
+            ">= 0 (0 = only trainer.micro_batch_size limits a micro-batch)."
+        )
+    batch = trainer.prompts_per_step * trainer.group_size
+    if batch % trainer.mini_batches:
+        raise ConfigError(
+            f"trainer.mini_batches={trainer.mini_batches} does not divide the batch of "
+            f"{batch} responses (prompts_per_step x group_size); choose a divisor of {batch}."
+        )
+    if trainer.max_bad_steps < 0 or (trainer.keep_last is not None and trainer.keep_last < 1):
+        raise ConfigError(
+            f"trainer.max_bad_steps={trainer.max_bad_steps} must be >= 0 (0 = never stop) and "
+            f"trainer.keep_last={trainer.keep_last} >= 1 or null (keep every checkpoint)."
+        )
+    if trainer.eval_every < 0:
+        raise ConfigError(f"trainer.eval_every={trainer.eval_every} must be >= 0 (0 = never).")
 
 
 def check_lr_schedule(t: TrainerConfig) -> None:

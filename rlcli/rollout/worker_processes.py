@@ -1,10 +1,11 @@
-"""Rollout worker processes: the `vllm serve` command rlcli starts (`server_command`), the
-local processes it runs and watches (`LocalWorkers`), and vLLM's weight-sync control calls
-made on every worker at once (`WorkerClients`). `WorkerLost` is what a dead, silent or
-misbehaving worker becomes; `worker_session` retries a worker's transient HTTP failures
-first, and `check_worker_settings` refuses worker settings that cannot work before anything
-starts. The sampler that uses them is `rollout.workers`; `rlcli rollout-server` starts one
-worker for learners elsewhere.
+"""Rollout worker processes: the `vllm serve` command rlcli starts (`server_command`), the K
+local processes it runs and watches (`LocalWorkers`, on GPUs the learner leaves:
+`worker_gpus`), and the settings they need, refused before anything starts
+(`check_worker_settings`).
+
+What is here knows processes, ports and command lines, not HTTP requests (those are in
+`rollout.worker_client`) nor the weight push (`rollout.weight_push`). `rlcli rollout-server`
+starts one worker for learners elsewhere with the same `server_command`.
 """
 
 from __future__ import annotations
@@ -12,96 +13,19 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
 import torch
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
 
 from rlcli.config import ConfigError, SamplerConfig
-
-
-class WorkerLost(RuntimeError):
-    """A rollout worker died, stopped answering or answered nonsense; the message names it
-    and what to do."""
-
-    # Set when the learner had already taken the step's update: that step's metrics and the
-    # responses it scored, which the loop writes before it saves the step as done.
-    step_metrics: dict | None = None
-    step_samples: list | tuple = ()
-    step_advantages: dict | None = None
-
-
-# A worker's transient HTTP failures (a refused connection while it restarts, a 429 or 5xx
-# answer from it or a proxy before it) are retried this many times, waiting 0, 2, 4, 8 x
-# RETRY_BACKOFF_S seconds between tries, before the worker is reported lost. A read timeout is
-# not retried: the worker has had sampler.worker_timeout_s already.
-RETRIES = 4
-RETRY_BACKOFF_S = 0.5
-RETRY_STATUSES = (429, 500, 502, 503, 504)
-
-
-def worker_session() -> requests.Session:
-    """A requests session whose calls retry a worker's transient failures (urllib3's Retry)."""
-    retry = Retry(
-        total=RETRIES,
-        connect=RETRIES,
-        read=0,
-        status=RETRIES,
-        other=0,
-        status_forcelist=RETRY_STATUSES,
-        allowed_methods=None,  # POST too: generate and reset_prefix_cache can be asked again
-        backoff_factor=RETRY_BACKOFF_S,
-        raise_on_status=False,  # the last answer is returned, so its status can be named
-    )
-    session = requests.Session()
-    for scheme in ("http://", "https://"):
-        session.mount(scheme, HTTPAdapter(max_retries=retry))
-    return session
-
-
-def why_unreachable(err: requests.RequestException) -> str:
-    """The operating system's reason in a requests error ("Connection refused"), which
-    requests buries in a line about connection pools; else the error's kind."""
-    if isinstance(err, requests.Timeout):
-        return "no answer in time (a timeout)"
-    found = re.findall(r"\[Errno -?\d+\] ([^'\")\]]+)", str(err))
-    return found[-1].strip() if found else type(err).__name__
-
-
-def answer_snippet(response: requests.Response) -> str:
-    """What a worker answered, short and on one line, for an error message."""
-    kind = response.headers.get("content-type", "no content type").split(";")[0]
-    text = " ".join(response.text.split())
-    return f"{kind}, {text[:100]!r}{'...' if len(text) > 100 else ''}"
-
-
-def not_a_worker(session: requests.Session, url: str, timeout: float) -> str | None:
-    """None when `url` answers like a vLLM server (GET /v1/models: its list of models); else
-    what it does instead, for a WorkerLost before the first weight push, which would wait
-    sampler.worker_timeout_s for a worker that never joins."""
-    try:
-        response = session.get(f"{url}/v1/models", timeout=timeout)
-    except requests.RequestException as err:
-        return f"cannot be reached: {why_unreachable(err)} (tried {RETRIES + 1} times)"
-    if not response.ok:
-        snippet = answer_snippet(response)
-        return f"answered HTTP {response.status_code} to GET /v1/models ({snippet})"
-    try:
-        if isinstance(response.json()["data"], list):
-            return None
-    except (ValueError, KeyError, TypeError):  # not JSON, or not the model list
-        pass
-    return f"does not answer like a vLLM server: GET /v1/models gave {answer_snippet(response)}"
+from rlcli.rollout.worker_client import WorkerLost
 
 
 def check_worker_settings(cfg: SamplerConfig) -> None:
@@ -226,7 +150,8 @@ def server_command(model_path: str, dtype: str, cfg: SamplerConfig, port: int, h
 
 
 def transfer_backend() -> str:
-    """NCCL between GPUs; on CPU, rlcli's gloo backend (rlcli.rollout.gloo_transfer)."""
+    """The weight-transfer backend a worker is started with, and the push joins it with:
+    NCCL between GPUs; on CPU, rlcli's gloo backend (rlcli.rollout.gloo_transfer)."""
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
@@ -282,6 +207,18 @@ class LocalWorkers:
                 f"the end of its log {self.logs[i]} says why (out of memory is the usual cause)."
             )
 
+    def check_all(self, within: float = 0.0) -> None:
+        """Raise WorkerLost if any worker's process has ended, watching for `within` seconds:
+        a killed worker breaks a transfer before its process is seen to end, and one that has
+        ended lets the message name it."""
+        deadline = time.monotonic() + within
+        while True:
+            for i in range(len(self.processes)):
+                self.check(i)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+
     def close(self) -> None:
         for proc in self.processes:
             if proc.poll() is None:
@@ -318,40 +255,3 @@ def _end_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class WorkerClients:
-    """vLLM's weight-sync control calls, made on every worker at once (`VLLMWeightSyncClient`).
-
-    The learner is rank 0 of the transfer group and worker i's ranks follow: with gloo (one
-    rank each) it is told its `rank`; with NCCL its `rank_offset`, after the `ranks_per_worker`
-    of the workers before it. These calls are not retried (`worker_session`): each joins or
-    feeds the transfer group's collectives, which a second try would join twice."""
-
-    def __init__(self, urls: list[str], timeout: float, ranks_per_worker: int = 1):
-        from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient
-
-        self.clients = [HTTPVLLMWeightSyncClient(url, timeout) for url in urls]
-        self.pool = ThreadPoolExecutor(max_workers=len(urls))
-        self.ranks_per_worker = ranks_per_worker
-
-    def _all(self, call) -> None:
-        for f in [self.pool.submit(call, i, c) for i, c in enumerate(self.clients)]:
-            f.result()
-
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
-        key = "rank_offset" if "rank_offset" in init_info else "rank"
-        self._all(
-            lambda i, c: c.init_weight_transfer_engine(
-                {**init_info, key: 1 + i * self.ranks_per_worker}
-            )
-        )
-
-    def start_weight_update(self) -> None:
-        self._all(lambda i, c: c.start_weight_update())
-
-    def update_weights(self, update_info) -> None:
-        self._all(lambda i, c: c.update_weights(update_info))
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all(lambda i, c: c.finish_weight_update(weight_version))

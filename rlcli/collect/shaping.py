@@ -1,6 +1,7 @@
 """Batch shaping: which groups a step trains on (DAPO dynamic sampling, DUPO fill).
 
-Pure functions over group rewards; the trainer does the sampling they ask for.
+Pure functions over group rewards; the `Collector` (`batches.py`) does the sampling they ask
+for.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import math
 import random
 
 from torch import Tensor
+
+from rlcli.rewards.scorer import Scores
 
 
 def informative_groups(rewards: Tensor) -> Tensor:
@@ -37,3 +40,10 @@ def dupo_fill(informative: list[bool], rng: random.Random) -> list[int]:
 def group_rows(groups: list[int], group_size: int) -> list[int]:
     """Response rows of the given groups, in order."""
     return [g * group_size + j for g in groups for j in range(group_size)]
+
+
+def filter_values(scores: Scores, metric: str, components: list[str]) -> Tensor:
+    """What dynamic sampling and DUPO compare within a group (`algo.filter_metric`): the total
+    reward, or one component's unweighted score (correctness: the first component).  # [B]"""
+    name = components[0] if metric == "correctness" else metric
+    return scores.total if name == "total" else scores.components[name]

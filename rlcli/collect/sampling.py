@@ -2,7 +2,7 @@
 
 `sample_and_score` samples a group per problem and scores every response; `scored_chunks`
 does so over a whole problem list, chunk by chunk (what `rlcli eval`, `filter` and `pairs`
-iterate over); `frozen_sampling` sets up the scorer, tokenizer and sampler those commands
+iterate over); `frozen_sampling` sets up the scorer, prompt renderer and sampler those commands
 use on a model they do not train.
 """
 
@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterator
 
 from rlcli.config import Config
-from rlcli.data.problems import Problem, fit_prompts, render_prompt
+from rlcli.data.problems import Problem, PromptRenderer, fit_prompts, prompt_renderer
 from rlcli.env import response_budget
 from rlcli.rewards.models import step_reward_tensors
 from rlcli.rewards.scorer import Sample, Scorer, Scores
@@ -25,10 +25,9 @@ from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, re
 def sample_and_score(
     sampler: Sampler,
     scorer: Callable[[list[Sample]], Scores],
-    tokenizer,
+    render: PromptRenderer,
     problems: list[Problem],
     group: int,
-    system_prompt,
     temperature: float | None = None,
     seed: int | None = None,
     top_p: float | None = None,
@@ -37,9 +36,7 @@ def sample_and_score(
 
     `temperature`, `seed` and `top_p` replace the training stream's for this call
     (evaluation)."""
-    # An EpisodeSampler with env.tool_format=chat_template declares its tools in the prompts.
-    tools = getattr(sampler, "prompt_tools", None)
-    prompts = [render_prompt(tokenizer, p.question, system_prompt, tools) for p in problems]
+    prompts = [render(p.question) for p in problems]
     ids, answers = [p.id for p in problems], [p.answer for p in problems]
     batch = sampler.sample(
         prompts, group, ids, answers, temperature=temperature, seed=seed, top_p=top_p
@@ -59,7 +56,7 @@ def sample_and_score(
     scores = scorer(samples)
     if scores.steps is not None:  # process reward: each step's score at its last token
         step_rewards, step_ends = step_reward_tensors(
-            tokenizer, batch.response_ids.cpu(), batch.response_mask.cpu(), scores.steps
+            render.tokenizer, batch.response_ids.cpu(), batch.response_mask.cpu(), scores.steps
         )
         marked = step_rewards.masked_fill(~step_ends, math.nan)
         batch = dataclasses.replace(batch, step_rewards=marked)
@@ -69,10 +66,9 @@ def sample_and_score(
 def scored_chunks(
     sampler: Sampler,
     scorer: Callable[[list[Sample]], Scores],
-    tokenizer,
+    render: PromptRenderer,
     problems: list[Problem],
     group: int,
-    system_prompt,
     chunk_size: int,
     temperature: float | None = None,
     seed: int | None = None,
@@ -86,10 +82,9 @@ def scored_chunks(
         rollout, scores = sample_and_score(
             sampler,
             scorer,
-            tokenizer,
+            render,
             chunk,
             group,
-            system_prompt,
             temperature,
             None if seed is None else seed + start,
             top_p,
@@ -98,7 +93,7 @@ def scored_chunks(
 
 
 def frozen_sampling(cfg: Config, problems: list[Problem]):
-    """(scorer, model path, tokenizer, sampler) for commands that sample and score a model
+    """(scorer, model path, prompt renderer, sampler) for commands that sample and score a model
     without training it (`rlcli filter`, `pairs`, `eval`); the reward is checked first."""
     t = cfg.trainer
     device = pick_device(t.device)
@@ -106,11 +101,12 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     scorer.check_records(problems, cfg.data.name)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path)
-    fit_prompts(cfg, tokenizer, problems, "")  # an error if any is too long
+    render = prompt_renderer(cfg, tokenizer)
+    fit_prompts(cfg, render, problems, "")  # an error if any is too long
     policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
     # In trainer.dtype: what is measured (eval) or kept (filter, pairs) should not depend on
     # whether the machine has fast bfloat16.
     setup = SamplerSetup(
         cfg.sampler, model_path, tokenizer, policy, device, t.dtype, t.seed, env=cfg.env
     )
-    return scorer, model_path, tokenizer, make_sampler(setup)
+    return scorer, model_path, render, make_sampler(setup)

@@ -1,0 +1,169 @@
+"""The training loop's collecting stage: each step's batch of groups, sampled, scored and
+shaped as the algorithm asks, with the reward's metrics.
+
+`Collector.next_batch()` draws the step's problems (this rank's share under torchrun), samples
+a group for each through the run's sampler, scores every response, and shapes the batch:
+DAPO's dynamic sampling keeps only groups whose `algo.filter_metric` differs and samples more
+prompts until the batch is full; DUPO replaces zero-signal groups by duplicates of
+informative ones; ReMax's greedy baselines are sampled and scored beside them. It is handed
+the pieces it uses, not the whole config, and keeps only which problems the workers already
+sample ahead (`prefetch`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlcli.collect.sampling import sample_and_score
+from rlcli.collect.shaping import dupo_fill, filter_values, group_rows, informative_groups
+from rlcli.config import ConfigError
+from rlcli.data.problems import Problem, PromptRenderer, PromptStream
+from rlcli.rewards.scorer import Sample, Scores
+from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
+from rlcli.rollout.samplers import Sampler
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """Which groups a step keeps: `algo`'s dynamic_sampling, max_gen_batches, filter_metric
+    and dupo_fill, and the reward's component names that filter_metric may name."""
+
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 1
+    filter_metric: str = "correctness"
+    dupo_fill: bool = False
+    components: tuple[str, ...] = ()
+
+
+def reward_metrics(rounds: list[Scores]) -> dict[str, float]:
+    """reward/mean, reward/std, each component's mean and the failures, over every response
+    sampled this step."""
+    # One set of responses for all of them: under DAPO's dynamic sampling every round's, the
+    # groups dropped too (what the policy produced this step, not the kept groups' mean, which
+    # the filter pulls towards the middle); under DUPO the groups as sampled, before duplicates.
+    joined = Scores(
+        total=torch.cat([r.total for r in rounds]),
+        components={k: torch.cat([r.components[k] for r in rounds]) for k in rounds[0].components},
+        errors=[e for r in rounds for e in r.errors],
+        log_only=rounds[0].log_only,
+    )
+    return joined.metrics()
+
+
+class Collector:
+    """Each step's batch: `next_batch()` -> (rollout, scores [B], metrics)."""
+
+    def __init__(
+        self,
+        *,
+        sampler: Sampler,
+        scorer: Callable[[list[Sample]], Scores],
+        render: PromptRenderer,
+        prompts: PromptStream,
+        prompts_per_step: int,  # this rank's share
+        group_size: int,
+        shaping: Shaping,
+        greedy: bool,  # also a greedy response per prompt, scored (ReMax's baseline)
+        rng: random.Random,  # DUPO's choice of groups to duplicate
+        rank: int = 0,
+        world: int = 1,
+    ):
+        self.sampler, self.scorer, self.render, self.prompts = sampler, scorer, render, prompts
+        self.P, self.G, self.shaping, self.greedy = prompts_per_step, group_size, shaping, greedy
+        self.rng, self.rank, self.world = rng, rank, world
+        # Problems of the next step, drawn early when the rollout workers sample ahead
+        self.next_problems: list[Problem] | None = None
+        self.reward_seconds = 0.0
+
+    def _draw(self) -> list[Problem]:
+        """This rank's share of the next problems of the stream (every rank draws them all)."""
+        return self.prompts.take(self.P * self.world)[self.rank :: self.world]
+
+    def _score(self, samples: list[Sample]) -> Scores:
+        begin = time.perf_counter()  # reward time is reported apart from sampling time
+        scores = self.scorer(samples)
+        self.reward_seconds += time.perf_counter() - begin
+        return scores
+
+    def _round(self) -> tuple[Rollout, Scores]:
+        """One generation round: a group per problem, scored; ReMax's greedy baselines too."""
+        # The first round's problems were drawn a step early when the workers sample ahead.
+        problems, self.next_problems = self.next_problems or self._draw(), None
+        batch, scores = sample_and_score(self.sampler, self._score, self.render, problems, self.G)
+        if self.greedy:
+            _, greedy = sample_and_score(
+                self.sampler, self._score, self.render, problems, 1, temperature=0.0
+            )
+            baseline = greedy.total.repeat_interleave(self.G)
+            batch = dataclasses.replace(batch, baseline_scores=baseline)
+        return batch, scores
+
+    def prefetch(self) -> None:
+        """Have the rollout workers start on the next step's batch (sampler.async_rollout):
+        they generate it with the weights they hold while the learner trains on this one."""
+        problems = self.next_problems = self._draw()
+        prompts = [self.render(p.question) for p in problems]
+        ids, answers = [p.id for p in problems], [p.answer for p in problems]
+        self.sampler.prefetch(prompts, self.G, ids, answers)
+
+    def next_batch(self) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
+        """The step's batch of P groups, shaped (DAPO: at most `max_gen_batches` rounds, then
+        the groups found, and an error only if there are none), its scores and metrics."""
+        P, G, shaping = self.P, self.G, self.shaping
+        self.reward_seconds = 0.0
+        parts, kept_scores, rounds, sampled_groups, equal_groups = [], [], [], 0, 0
+        for _ in range(shaping.max_gen_batches if shaping.dynamic_sampling else 1):
+            batch, round_scores = self._round()
+            rounds.append(round_scores)
+            scores = round_scores.total
+            judged = filter_values(round_scores, shaping.filter_metric, list(shaping.components))
+            informative = informative_groups(judged.view(P, G))
+            sampled_groups += P
+            equal_groups += int((~informative).sum())
+            if not shaping.dynamic_sampling:
+                break
+            keep = informative.nonzero().flatten().tolist()
+            parts.append(select_rows(batch, group_rows(keep, G)))
+            kept_scores.append(scores.view(P, G)[keep].flatten())
+            if sum(len(p.texts) for p in parts) >= P * G:
+                batch = concat_rollouts(parts, self.render.tokenizer.pad_token_id)
+                batch = select_rows(batch, list(range(P * G)))
+                scores = torch.cat(kept_scores)[: P * G]
+                break
+        else:
+            batch, scores = self._whatever_was_found(parts, kept_scores)
+        metrics = {
+            **reward_metrics(rounds),
+            "batch/groups_all_equal": equal_groups / sampled_groups,
+            "batch/gen_batches": float(sampled_groups // P),
+            "time/reward": self.reward_seconds,
+        }
+        if shaping.dynamic_sampling:
+            metrics["batch/groups_short"] = float(P - len(batch.texts) // G)
+        if shaping.dupo_fill:
+            slots = dupo_fill(informative.tolist(), self.rng)  # one round: its groups as sampled
+            metrics["batch/duplicated_groups"] = float(sum(g != i for i, g in enumerate(slots)))
+            rows = group_rows(slots, G)
+            batch, scores = select_rows(batch, rows), scores[rows]
+        return batch, scores, metrics
+
+    def _whatever_was_found(self, parts, kept_scores) -> tuple[Rollout, torch.Tensor]:
+        """Dynamic sampling's last round is done and the batch is not full: the groups found."""
+        found = sum(len(p.texts) for p in parts) // self.G
+        if not found:
+            shaping = self.shaping
+            raise ConfigError(
+                f"DAPO dynamic sampling found only {found} of {self.P} groups whose "
+                f"{shaping.filter_metric} (algo.filter_metric) differs after "
+                f"algo.max_gen_batches={shaping.max_gen_batches} generation rounds: every group "
+                "is all right or all wrong. Raise algo.max_gen_batches, use an "
+                "easier or harder dataset, or turn it off with algo.dynamic_sampling=false."
+            )
+        # A short batch beats stopping a run whose policy has nearly mastered its prompts.
+        return concat_rollouts(parts, self.render.tokenizer.pad_token_id), torch.cat(kept_scores)

@@ -1,0 +1,147 @@
+"""The weight push: the learner's parameters to every rollout worker, through vLLM's
+weight-transfer API.
+
+The learner is rank 0 of a transfer group of its own with the workers (`WeightPush.connect`,
+on the first push): gloo on CPU (`rollout.gloo_transfer`), NCCL between GPUs. Each push
+(`WeightPush.send`) broadcasts the parameters one full tensor at a time (`ParameterSource`),
+while vLLM's RL routes (`/start_weight_update`, `/update_weights`, `/finish_weight_update`)
+load them on every worker at once (`WorkerClients`).
+
+A push fails in two ways that must not be confused: the path to a worker breaks (a dead peer
+in a collective, an HTTP control call refused), which is a lost worker; or the learner's
+own making of the weights fails (a gather, the LoRA merge, a cast), which is a bug of the
+learner's and propagates as itself (`WeightPush.transport_error` tells them apart).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from rlcli.config import SamplerConfig
+from rlcli.rollout.worker_client import transport_error
+from rlcli.rollout.worker_processes import free_port, transfer_backend
+from rlcli.runtime import distributed
+from rlcli.runtime.lora import sampler_weight_shapes, sampler_weights
+
+
+class ParameterSource:
+    """The learner's parameters, one full tensor at a time (vLLM's `WeightSource`): a sharded
+    parameter is gathered when it is reached, so no rank holds more than one extra. With
+    `dtype` (the workers'), each is cast to it before it is sent.
+
+    An error while making them is the learner's own: it is kept in `failure` (and raised as
+    it is), so that the push does not report it as a lost worker."""
+
+    def __init__(self, policy: torch.nn.Module, dtype: torch.dtype | None = None):
+        self.policy, self.dtype = policy, dtype
+        self.failure: Exception | None = None
+
+    def metadata(self):
+        from vllm.distributed.weight_transfer import ParamMeta
+
+        try:
+            # Those of the merged weights when the policy has LoRA adapters.
+            shapes = sampler_weight_shapes(self.policy, self.dtype)
+            return [ParamMeta(*meta) for meta in shapes]
+        except Exception as err:
+            self.failure = err
+            raise
+
+    def __iter__(self):
+        try:
+            yield from sampler_weights(self.policy, self.dtype)
+        except Exception as err:
+            self.failure = err
+            raise
+
+
+class WorkerClients:
+    """vLLM's weight-sync control calls, made on every worker at once (`VLLMWeightSyncClient`).
+
+    The learner is rank 0 of the transfer group and worker i's ranks follow: with gloo (one
+    rank each) it is told its `rank`; with NCCL its `rank_offset`, after the `ranks_per_worker`
+    of the workers before it. These calls are not retried (`worker_session`): each joins or
+    feeds the transfer group's collectives, which a second try would join twice."""
+
+    def __init__(self, urls: list[str], timeout: float, ranks_per_worker: int = 1):
+        from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient
+
+        self.clients = [HTTPVLLMWeightSyncClient(url, timeout) for url in urls]
+        self.pool = ThreadPoolExecutor(max_workers=len(urls))
+        self.ranks_per_worker = ranks_per_worker
+
+    def _all(self, call) -> None:
+        for f in [self.pool.submit(call, i, c) for i, c in enumerate(self.clients)]:
+            f.result()
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        key = "rank_offset" if "rank_offset" in init_info else "rank"
+        self._all(
+            lambda i, c: c.init_weight_transfer_engine(
+                {**init_info, key: 1 + i * self.ranks_per_worker}
+            )
+        )
+
+    def start_weight_update(self) -> None:
+        self._all(lambda i, c: c.start_weight_update())
+
+    def update_weights(self, update_info) -> None:
+        self._all(lambda i, c: c.update_weights(update_info))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._all(lambda i, c: c.finish_weight_update(weight_version))
+
+
+class WeightPush:
+    """The learner's side of the transfer to the workers at `urls`, which hold weights in
+    `dtype` (None: the policy's own, sent as it is)."""
+
+    def __init__(self, urls: list[str], cfg: SamplerConfig, dtype: torch.dtype | None):
+        self.urls, self.cfg, self.dtype = urls, cfg, dtype
+        self.engine = None  # vLLM's learner-side transfer engine, once joined
+        self.source: ParameterSource | None = None  # that of the latest push
+
+    def send(self, policy: torch.nn.Module) -> None:
+        """Push the policy's weights to every worker, joining them first if not yet joined."""
+        self.source = ParameterSource(policy, self.dtype)
+        if self.engine is None:
+            self.engine = self.connect(self.source)
+        self.engine.source = self.source
+        self.engine.send_weights()
+
+    def connect(self, source: ParameterSource):
+        """vLLM's learner-side transfer engine, joined with every worker: gloo on CPU, NCCL
+        between GPUs (each worker then holds sampler.tensor_parallel_size ranks)."""
+        from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+
+        per_worker = self.cfg.tensor_parallel_size if torch.cuda.is_available() else 1
+        where = {
+            "master_address": self.cfg.transfer_address,
+            "master_port": free_port(),
+            "world_size": 1 + len(self.urls) * per_worker,
+            "rank": distributed.rank(),
+        }
+        if transfer_backend() == "gloo":
+            from rlcli.rollout import gloo_transfer
+
+            gloo_transfer.register()
+            init = gloo_transfer.GlooLearnerInit(**where, timeout_s=self.cfg.worker_timeout_s)
+        else:  # not run here: this machine has no GPU, the lent GPU machine no vLLM
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            init = NCCLTrainerInitInfo(**where)
+        clients = WorkerClients(self.urls, self.cfg.worker_timeout_s, per_worker)
+        return WeightTransferTrainerFactory.trainer_init(init, client=clients, source=source)
+
+    def transport_error(self, err: BaseException) -> bool:
+        """Whether `err`, raised by a push, is the path to a worker breaking: an HTTP or socket
+        error (`worker_client.transport_error`: vLLM's control calls raise requests' errors),
+        or a RuntimeError, which is how torch's gloo reports a peer that died mid-broadcast
+        ("Connection closed by peer") and how a rendezvous no worker joins ends (DistStoreError,
+        as NCCL's DistBackendError a RuntimeError too). Not what the learner raised making the
+        weights (`ParameterSource.failure`): a RuntimeError there is a bug of the learner's."""
+        if self.source is not None and err is self.source.failure:
+            return False
+        return transport_error(err) or isinstance(err, RuntimeError)
