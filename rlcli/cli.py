@@ -85,10 +85,10 @@ def _job(raw, work) -> None:
     from transformers.utils import logging as hf_logging
 
     from rlcli.config import ConfigError
+    from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped
+    from rlcli.lifecycle.run_dir import claim, record_config
     from rlcli.rollout.worker_client import WorkerLost
     from rlcli.tracking.console import job_log
-    from rlcli.train.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped
-    from rlcli.train.run_dir import claim, record_config
     from rlcli.validate import validate
 
     # rlcli draws its own progress bar; transformers' per-load bars would bury it.
@@ -216,8 +216,8 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.free_form import settable
     from rlcli.config.overrides import check_overrides, check_syntax
+    from rlcli.lifecycle.run_dir import claim
     from rlcli.recipes import check_recipe_choices, register_recipes
-    from rlcli.train.run_dir import claim
     from rlcli.validate import with_default_sampler
 
     # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how). An
@@ -308,7 +308,7 @@ def _help(topic: str | None, overrides: list[str]) -> None:
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.help import HelpInput, check_topic, help_text
     from rlcli.recipes import find_recipes
-    from rlcli.train.pieces import describe_pieces
+    from rlcli.train.objective_config import describe_pieces
     from rlcli.validate import with_default_sampler
 
     try:

@@ -15,8 +15,8 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from rlcli.config import ConfigError
+from rlcli.lifecycle.checkpoint import STATE_FILE, damage, list_checkpoints
 from rlcli.runtime.lora import ADAPTER_CONFIG, base_model_path, export_merged, is_adapter_dir
-from rlcli.train.checkpoint import STATE_FILE, damage, list_checkpoints
 
 
 def _checkpoint(path: Path) -> Path:

@@ -53,7 +53,7 @@ def _choices() -> dict[str, list[str]]:
 
 def _check_reward(cfg: Config) -> None:
     from rlcli.rewards.components import check_reward_config
-    from rlcli.train.pieces import needs
+    from rlcli.train.objective_config import needs
 
     r = cfg.reward
     check_reward_config(r, cfg.sampler.max_new_tokens)
@@ -81,7 +81,7 @@ def _check_ranges(cfg: Config) -> None:
     from rlcli.rollout.samplers import check_sampler
     from rlcli.runtime.models import check_model
     from rlcli.tracking.trackers import check_backends
-    from rlcli.train.pieces import check_pieces
+    from rlcli.train.objective_config import check_pieces
     from rlcli.train.schedule import check_trainer
 
     trainer, sampler, model, algo = cfg.trainer, cfg.sampler, cfg.model, cfg.algo
@@ -136,7 +136,7 @@ def _check_finite(value, key: str = "") -> None:
 
 def _check_world(cfg: Config) -> None:
     """Under torchrun (WORLD_SIZE > 1): what data-parallel training supports."""
-    from rlcli.train.pieces import choose_over_minibatch, needs
+    from rlcli.train.objective_config import choose_over_minibatch, needs
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("rewards", ["rlcli.rewards"]),
     ("collect", ["rlcli.collect"]),
     ("tracking", ["rlcli.tracking"]),
+    ("lifecycle", ["rlcli.lifecycle"]),
     ("train", ["rlcli.train"]),
     ("validation", ["rlcli.validate"]),
     (

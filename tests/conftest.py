@@ -27,6 +27,15 @@ TINY_ANY_ALGO = [
 TINY_LEARNS = [*TINY_ANY_ALGO, "algo.beta=0"]
 
 
+def tiny(*overrides: str, sampler="hf", reward="space_rate", new_tokens=8) -> list[str]:
+    """The overrides of a short, quiet run on the tiny random model (transformers' sampler,
+    the space-rate reward, 8 new tokens unless told otherwise; None leaves a group at its
+    default), then `overrides`."""
+    base = ["model=tiny", f"sampler={sampler}", f"reward={reward}", "logger.progress=false",
+            f"sampler.max_new_tokens={new_tokens}"]  # fmt: skip
+    return [o for o in base if not o.endswith("=None")] + list(overrides)
+
+
 @pytest.fixture(scope="session")
 def tiny_overrides():
     return list(TINY_LEARNS)

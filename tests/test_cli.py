@@ -14,11 +14,11 @@ import pytest
 from rlcli.cli import main, split_flags
 from rlcli.tracking import console as console_log
 from rlcli.tracking.console import job_log
+from tests.conftest import tiny
 
 REPO = Path(__file__).resolve().parent.parent
 
-TINY = ["model=tiny", "sampler=hf", "reward=space_rate", "logger.progress=false",
-        "sampler.max_new_tokens=8", "trainer.max_steps=1"]  # fmt: skip
+TINY = tiny("trainer.max_steps=1")
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from rlcli.cli import main, version_line
-from rlcli.train.run_dir import claim
+from rlcli.lifecycle.run_dir import claim
 
 TINY = ["model=tiny", "sampler=hf"]
 

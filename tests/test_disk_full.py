@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from rlcli.cli import main
-from rlcli.train.checkpoint import CheckpointWriteError, save_checkpoint
+from rlcli.lifecycle.checkpoint import CheckpointWriteError, save_checkpoint
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import pytest
 from rlcli.tracking.metric_names import all_metrics, documented
 from rlcli.train.loop import train
 from rlcli.validate import compose
+from tests.conftest import tiny
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "make_docs.py"
@@ -62,15 +63,8 @@ def test_check_names_the_stale_page_and_exits_1(tmp_path):
 
 # ---- the metric table against what runs write ----
 
-TINY = [
-    "model=tiny",
-    "reward=space_rate",
-    "trainer.max_steps=1",
-    "trainer.prompts_per_step=2",
-    "trainer.group_size=2",
-    "sampler.max_new_tokens=8",
-    "logger.progress=false",
-]
+TINY = tiny("trainer.max_steps=1", "trainer.prompts_per_step=2", "trainer.group_size=2",
+            sampler=None)  # fmt: skip
 EVAL = ["trainer.eval_every=1", "eval.max_problems=2", "eval.k=2"]
 HF = [*TINY, "sampler=hf"]
 RUNS = {

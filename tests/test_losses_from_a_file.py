@@ -58,7 +58,7 @@ def test_bad_pieces_and_settings_are_named_before_loading(overrides, message):
 
 
 def test_a_users_loss_brings_its_mini_batch_selection_as_an_attribute():
-    from rlcli.train.pieces import loss_piece, objective_from_config
+    from rlcli.train.objective_config import loss_piece, objective_from_config
 
     cfg = compose([*TINY_ANY_ALGO, "algo.loss=tests/fixtures/my_losses.py:frozen_selection"])
     piece = loss_piece(cfg.algo.loss)
@@ -71,7 +71,7 @@ def test_a_failed_reward_is_left_out_of_a_users_estimators_group_by_the_caller()
     # caller estimates a group with one from its scored responses alone.
     from rlcli.ops.advantages import AdvantageInputs
     from rlcli.ops.estimate import estimate
-    from rlcli.train.pieces import advantage_piece
+    from rlcli.train.objective_config import advantage_piece
 
     nan = float("nan")
     scores = torch.tensor([1.0, nan, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0, nan, nan, nan, 1.0])

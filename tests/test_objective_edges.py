@@ -17,6 +17,7 @@ from rlcli.ops.pieces import PieceError
 from rlcli.ops.policy_loss import StepCounts
 from rlcli.train.learner import objective_from_config
 from rlcli.validate import compose, section
+from tests.conftest import tiny
 
 
 def outcome_inputs(scores, lengths, group_size, dtype=torch.float32):
@@ -279,7 +280,7 @@ def test_an_own_loss_that_writes_into_its_inputs_changes_nothing_else(tmp_path):
 
 
 def test_an_own_loss_failing_during_a_step_is_a_piece_error_naming_it(tmp_path):
-    from rlcli.train.pieces import loss_piece
+    from rlcli.train.objective_config import loss_piece
 
     own = tmp_path / "own.py"
     own.write_text(OWN)
@@ -292,8 +293,7 @@ def test_an_own_loss_failing_during_a_step_is_a_piece_error_naming_it(tmp_path):
 
 # --- during a run: a NaN own loss is named; OPO warns -----------------------------------------
 
-TINY = ["model=tiny", "sampler=hf", "reward=space_rate", "logger.progress=false",
-        "sampler.max_new_tokens=8", "trainer.micro_batch_size=64"]  # fmt: skip
+TINY = tiny("trainer.micro_batch_size=64")
 
 RUN_TIME = """
 import torch

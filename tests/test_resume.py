@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlcli.lifecycle.checkpoint import list_checkpoints, load_checkpoint
+from rlcli.lifecycle.guard import EXIT_BAD_STEPS, RunStopped
 from rlcli.tracking.metrics import read_metrics
-from rlcli.train.checkpoint import list_checkpoints, load_checkpoint
-from rlcli.train.guard import EXIT_BAD_STEPS, RunStopped
 from rlcli.train.loop import train
 from rlcli.validate import compose
 

@@ -15,8 +15,9 @@ from rlcli.rewards.scorer import Sample, Scorer, Unscorable
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from rlcli.validate import compose
+from tests.conftest import tiny
 
-TINY = ["model=tiny", "sampler=hf", "logger.progress=false", "sampler.max_new_tokens=8"]
+TINY = tiny(reward=None)
 
 # Loaded by the reward worker from a file (standard library only, so it starts in ms).
 REWARDS = '''

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 
 from rlcli.config import ConfigError
+from rlcli.lifecycle.checkpoint import IN_PROGRESS, damage, list_checkpoints
+from rlcli.lifecycle.run_dir import config_dict, kind_of_field, resume_changes
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train import loop
-from rlcli.train.checkpoint import IN_PROGRESS, damage, list_checkpoints
 from rlcli.train.loop import train
-from rlcli.train.run_dir import config_dict, kind_of_field, resume_changes
 from rlcli.validate import compose
+from tests.conftest import tiny
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["model=tiny", "sampler=hf", "reward=space_rate", "logger.progress=false",
-        "sampler.max_new_tokens=8", "trainer.save_every=1", "trainer.keep_last=null"]  # fmt: skip
+TINY = tiny("trainer.save_every=1", "trainer.keep_last=null")
 
 
 def cli(run_dir: Path, *overrides: str) -> list[str]:

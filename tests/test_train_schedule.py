@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from rlcli.config import ConfigError
+from rlcli.lifecycle.run_dir import kind_of_field
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.loop import train
 from rlcli.train.run import lr_schedule
-from rlcli.train.run_dir import kind_of_field
 from rlcli.validate import compose
+from tests.conftest import tiny
 
-TINY = ["model=tiny", "sampler=hf", "reward=space_rate", "logger.progress=false",
-        "sampler.max_new_tokens=4", "trainer.prompts_per_step=2", "trainer.group_size=2",
-        "trainer.lr=1e-3", "trainer.max_steps=4"]  # fmt: skip
+TINY = tiny("trainer.prompts_per_step=2", "trainer.group_size=2", "trainer.lr=1e-3",
+            "trainer.max_steps=4", new_tokens=4)  # fmt: skip
 
 
 def rates(overrides: list[str], updates: int) -> list[float]:

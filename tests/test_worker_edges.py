@@ -27,6 +27,7 @@ from rlcli.rollout.worker_processes import free_port
 from rlcli.rollout.workers import WorkerSampler
 from rlcli.runtime.models import load_tokenizer
 from rlcli.validate import compose
+from tests.conftest import tiny
 
 MODELS = {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
 TOKENS, LOGPS = [5, 6, 7], [-1.0, -2.0, -0.5]  # one good response
@@ -384,8 +385,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-TINY = ["model=tiny", "reward=space_rate", "logger.progress=false", "trainer.max_steps=1",
-        "sampler.max_new_tokens=8"]  # fmt: skip
+TINY = tiny("trainer.max_steps=1", sampler=None)  # the workers' vLLM
 
 
 @pytest.mark.parametrize("kind", ["html", "refused"])

@@ -24,6 +24,14 @@ from rlcli.config import Config
 from rlcli.data import load_splits
 from rlcli.data.pairs import Pair
 from rlcli.data.problems import PromptStream
+from rlcli.lifecycle.checkpoint import (
+    apply_optimizer_settings,
+    load_checkpoint,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
+from rlcli.lifecycle.run_dir import config_dict
 from rlcli.ops.policy_loss import dpo_loss
 from rlcli.rollout.batch import Rollout, rollout_from_tokens
 from rlcli.runtime.lora import adapters_off, dropout_on
@@ -35,17 +43,9 @@ from rlcli.runtime.models import (
     resolve_model_path,
 )
 from rlcli.runtime.seed import seed_everything
-from rlcli.train.checkpoint import (
-    apply_optimizer_settings,
-    load_checkpoint,
-    restore_rng,
-    rng_state,
-    save_checkpoint,
-)
 from rlcli.train.forward import token_logprobs
 from rlcli.train.passes import micro_batches
 from rlcli.train.run import load_policy, trainable
-from rlcli.train.run_dir import config_dict
 
 
 def encode_pairs(tokenizer, pairs: list[Pair], max_length: int, device) -> Rollout:

@@ -24,8 +24,8 @@ from rlcli.ops.policy_loss import StepCounts
 from rlcli.runtime import distributed
 from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import attention_of, pass_logprobs
+from rlcli.train.objective_config import objective_from_config  # noqa: F401 - the learner's, re-exported
 from rlcli.train.passes import passes
-from rlcli.train.pieces import objective_from_config  # noqa: F401 - the learner's, re-exported
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.config import Config, ConfigError
+from rlcli.lifecycle.checkpoint import read_state, remove_incomplete, resume_point
+from rlcli.lifecycle.guard import EXIT_WORKER_LOST, LoopGuard, RunStopped, resume_command
+from rlcli.lifecycle.hub import check_push, push
+from rlcli.lifecycle.run_dir import check_resume, record_config
 from rlcli.ops.pieces import PieceError
 from rlcli.rewards.scorer import Unscorable
 from rlcli.rollout.worker_client import WorkerLost
@@ -25,8 +29,6 @@ from rlcli.tracking.trackers import NoTracker, Tracker
 from rlcli.train import dpo
 from rlcli.train import run as rl
 from rlcli.train import step as rl_step
-from rlcli.train.checkpoint import read_state, remove_incomplete, resume_point
-from rlcli.train.guard import EXIT_WORKER_LOST, LoopGuard, RunStopped, resume_command
 from rlcli.train.held_out import (
     EVAL_SAMPLES_FILE,
     EVAL_SEED,
@@ -34,9 +36,7 @@ from rlcli.train.held_out import (
     evaluate,
     write_eval_samples,
 )
-from rlcli.train.hub import check_push, push
-from rlcli.train.pieces import own_pieces, start_warnings
-from rlcli.train.run_dir import check_resume, record_config
+from rlcli.train.objective_config import own_pieces, start_warnings
 
 
 @dataclass(frozen=True)

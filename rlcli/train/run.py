@@ -19,6 +19,16 @@ from rlcli.data import load_splits
 from rlcli.data.problems import Problem, PromptRenderer, PromptStream, fit_prompts, prompt_renderer
 from rlcli.data.records import read_texts
 from rlcli.env import response_budget
+from rlcli.lifecycle.checkpoint import (
+    apply_optimizer_settings,
+    load_checkpoint,
+    python_rng_state,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+    set_python_rng_state,
+)
+from rlcli.lifecycle.run_dir import config_dict
 from rlcli.ops.advantages import SasTracker
 from rlcli.ops.objective import Objective
 from rlcli.ops.pieces import Piece
@@ -39,20 +49,10 @@ from rlcli.runtime.models import (
 from rlcli.runtime.precision import WorkingWeights
 from rlcli.runtime.seed import seed_everything
 from rlcli.tracking.trackers import RecordingScorer
-from rlcli.train.checkpoint import (
-    apply_optimizer_settings,
-    load_checkpoint,
-    python_rng_state,
-    restore_rng,
-    rng_state,
-    save_checkpoint,
-    set_python_rng_state,
-)
 from rlcli.train.critic import make_critic
 from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.learner import objective_from_config
-from rlcli.train.pieces import advantage_piece
-from rlcli.train.run_dir import config_dict
+from rlcli.train.objective_config import advantage_piece
 from rlcli.train.schedule import check_lr_schedule, lr_schedule  # noqa: F401 - validate imports the check from here
 
 

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from rlcli.config import ConfigError
-from rlcli.train.checkpoint import MANIFEST_FILE, STATE_FILE, TENSORS_FILE
+from rlcli.lifecycle.checkpoint import MANIFEST_FILE, STATE_FILE, TENSORS_FILE
 
 # What a checkpoint holds for resuming rather than for using the model: not pushed.
 TRAINING_STATE = [TENSORS_FILE, STATE_FILE, MANIFEST_FILE, "critic/*", ".rlcli-*"]
