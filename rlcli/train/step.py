@@ -85,7 +85,8 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     rollout = left_out_of_the_loss(rollout, scores, run.cfg.algo.overlong_filter)
     ref_logp, old_logp, kl_penalty = reference_and_old_logprobs(run, rollout, metrics)
     logprobs_done = time.perf_counter()
-    batch = with_advantages(run, rollout, scores, lengths, old_logp, ref_logp, kl_penalty)
+    batch = with_advantages(run, rollout, scores, lengths=lengths, old_logp=old_logp,
+                            ref_logp=ref_logp, kl_penalty=kl_penalty)  # fmt: skip
     scored = time.perf_counter()
     lr = run.optimizer.param_groups[0]["lr"]  # this step's first update's (the schedule's)
     epochs = update(run, batch, metrics)
@@ -185,7 +186,7 @@ def reference_and_old_logprobs(run: Run, rollout: Rollout, metrics: dict[str, fl
     return ref_logp, old_logp, kl_penalty
 
 
-def with_advantages(run: Run, rollout, scores, lengths, old_logp, ref_logp, kl_penalty):
+def with_advantages(run: Run, rollout, scores, *, lengths, old_logp, ref_logp, kl_penalty):
     """The `TrainBatch`: the rollout with its advantages from the run's estimator (the
     critic's values first, for gae) and the log-probs the objective reads."""
     mbs = run.cfg.trainer.micro_batch_size
