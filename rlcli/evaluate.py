@@ -39,7 +39,7 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
         render,
         test,
         cfg.eval,
-        t.seed + EVAL_SEED,
+        seed=t.seed + EVAL_SEED,
         progress=cfg.logger.progress,
     )
     results = {key: round(value, 6) for key, value in result.metrics.items()}

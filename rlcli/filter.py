@@ -54,7 +54,7 @@ def filter_dataset(cfg: Config, run_dir: Path) -> dict:
     kept: list[Problem] = []
     counts = {"always": 0, "never": 0, "mixed": 0}
     bar = tqdm(total=len(problems), desc="filter", unit="prompt", disable=not cfg.logger.progress)
-    chunks = scored_chunks(sampler, scorer, render, problems, f.k, f.prompts_per_batch)
+    chunks = scored_chunks(sampler, scorer, render, problems, f.k, chunk_size=f.prompts_per_batch)
     for chunk, _, scores in chunks:
         for problem, verdict in zip(
             chunk, verdicts(scores.total.view(len(chunk), f.k), f.correct_above), strict=True

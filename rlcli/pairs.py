@@ -52,7 +52,7 @@ def make_pairs(cfg: Config, run_dir: Path) -> dict:
 
     rows: list[dict] = []
     bar = tqdm(total=len(problems), desc="pairs", unit="prompt", disable=not cfg.logger.progress)
-    chunks = scored_chunks(sampler, scorer, render, problems, p.k, p.prompts_per_batch)
+    chunks = scored_chunks(sampler, scorer, render, problems, p.k, chunk_size=p.prompts_per_batch)
     for chunk, batch, scores in chunks:
         grouped = scores.total.view(len(chunk), p.k)
         for g, (problem, picked) in enumerate(

@@ -79,8 +79,8 @@ def test_evaluation_is_greedy_and_leaves_the_training_samples_alone():
 
     run = setup(compose([*overrides, "trainer.prompts_per_step=2", "eval.k=2"]))
     _, test = load_splits(run.cfg.data)
-    first = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, 1)
-    again = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, 1)
+    first = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, seed=1)
+    again = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, seed=1)
     assert first == again  # the same seed: greedy and sampled replies repeat
     batch, _, _ = run.collector.next_batch()
     assert batch.texts == expected.texts  # evaluating did not move the training stream

@@ -28,6 +28,7 @@ def sample_and_score(
     render: PromptRenderer,
     problems: list[Problem],
     group: int,
+    *,
     temperature: float | None = None,
     seed: int | None = None,
     top_p: float | None = None,
@@ -69,6 +70,7 @@ def scored_chunks(
     render: PromptRenderer,
     problems: list[Problem],
     group: int,
+    *,
     chunk_size: int,
     temperature: float | None = None,
     seed: int | None = None,
@@ -79,16 +81,11 @@ def scored_chunks(
     with seed + i, so a chunk's samples do not depend on the chunks before it."""
     for start in range(0, len(problems), chunk_size):
         chunk = problems[start : start + chunk_size]
+        seed_here = None if seed is None else seed + start
         rollout, scores = sample_and_score(
-            sampler,
-            scorer,
-            render,
-            chunk,
-            group,
-            temperature,
-            None if seed is None else seed + start,
-            top_p,
-        )
+            sampler, scorer, render, chunk, group, temperature=temperature, seed=seed_here,
+            top_p=top_p,
+        )  # fmt: skip
         yield chunk, rollout, scores
 
 

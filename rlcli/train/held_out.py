@@ -105,6 +105,7 @@ def evaluate(
     render: PromptRenderer,
     problems: list[Problem],
     cfg: EvalConfig,
+    *,
     seed: int,
     progress: bool = False,
 ) -> Evaluation:

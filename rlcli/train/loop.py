@@ -84,7 +84,7 @@ def rl_evaluate(run: rl.Run, run_dir: Path) -> dict[str, float] | None:
             run.render,
             run.test_problems,
             cfg.eval,
-            cfg.trainer.seed + EVAL_SEED,
+            seed=cfg.trainer.seed + EVAL_SEED,
         )
     except UnscoredEvaluation as err:
         if distributed.is_main():  # its replies show why none could be scored
