@@ -188,7 +188,7 @@ def validate(raw: DictConfig) -> Config:
     from rlcli.env.tools import check_env
     from rlcli.rollout.worker_processes import check_worker_settings
     from rlcli.runtime.models import check_device
-    from rlcli.train.run import check_lr_schedule
+    from rlcli.train.schedule import check_lr_schedule
 
     check_device(cfg.trainer)  # trainer.device, and trainer.attention on it
     check_env(cfg)

@@ -180,9 +180,6 @@ class AdvantageInputs:
         return ppo_token_rewards(self.kl_penalty, self.mask, scores, 1.0)
 
 
-Estimator = Callable[[AdvantageInputs], tuple[Tensor, Tensor | None]]
-
-
 def per_group(x: AdvantageInputs, estimator: Callable[[Tensor], Tensor]) -> tuple[Tensor, None]:
     """An outcome estimator over ``[P, G]`` groups of `sequence_rewards`, as a registry entry
     returns it: one advantage per response, ``[B]``."""

@@ -29,12 +29,12 @@ def _scored_groups(p: Piece, settings: dict, x: AdvantageInputs):
     """`p` on the groups whose rewards were all scored, together, and on each other group's
     scored responses alone, as a smaller group (two at least, else no call): (advantages,
     returns) with 0 for every response left out."""
-    scored = ~x.scores.isnan()
-    complete = scored.view(-1, x.group_size).all(-1).repeat_interleave(x.group_size)
-    calls = [(complete.nonzero().flatten(), x.group_size)]
-    for group in (~complete).view(-1, x.group_size).any(-1).nonzero().flatten().tolist():
-        rows = torch.arange(group * x.group_size, (group + 1) * x.group_size)
-        rows = rows[scored[rows.to(scored.device)].cpu()]
+    G = x.group_size
+    scored = (~x.scores.isnan()).view(-1, G).cpu()  # [P, G]
+    complete = scored.all(-1)  # [P]
+    calls = [(complete.repeat_interleave(G).nonzero().flatten(), G)]
+    for group in (~complete).nonzero().flatten().tolist():
+        rows = group * G + scored[group].nonzero().flatten()
         calls.append((rows, len(rows)))
     advantages = returns = None
     for rows, size in calls:

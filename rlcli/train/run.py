@@ -53,7 +53,7 @@ from rlcli.train.critic import make_critic
 from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.learner import objective_from_config
 from rlcli.train.objective_config import advantage_piece
-from rlcli.train.schedule import check_lr_schedule, lr_schedule  # noqa: F401 - validate imports the check from here
+from rlcli.train.schedule import lr_schedule
 
 
 @dataclass
