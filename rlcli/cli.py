@@ -42,8 +42,8 @@ examples:
   rlcli train model=tiny reward=space_rate     a quick run on a tiny random model
   rlcli train -m trainer.lr=1e-6,3e-6          a sweep (Hydra multirun)
   rlcli filter data=gsm8k filter.k=16          keep the prompts SmolLM2 does not always solve
-  rlcli train sampler.workers=1 sampler.async_rollout=true
-                                               sample in a worker process, one step ahead
+  rlcli train sampler.workers=1 sampler.max_staleness=2
+                                               sample in a worker process, up to 2 steps ahead
   rlcli pairs pairs.out=p.jsonl && rlcli train algo=dpo data=pairs data.path=p.jsonl
 """
 

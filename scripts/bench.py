@@ -42,11 +42,11 @@ from rlcli.validate import compose
 PHASES = ["sample", "reward", "logprobs", "advantages", "learn", "sync", "rollout_wait", "step"]
 
 # Where sampling runs (docs/scaling.md): the engine in the learner's process, one vLLM
-# worker process, or that worker generating the next batch while the learner trains.
+# worker process, or that worker generating the next batches while the learner trains.
 SHAPES = {
     "colocated": ["sampler=vllm"],
     "worker": ["sampler.workers=1"],
-    "async": ["sampler.workers=1", "sampler.async_rollout=true"],
+    "async": ["sampler.workers=1", "sampler.max_staleness=1"],
 }
 
 

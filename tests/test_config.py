@@ -134,15 +134,15 @@ def test_old_logp_auto_corrects_the_mismatch_only_where_compute_is_bfloat16():
     assert resolved_old_logp(compose(["trainer.bf16_autocast=false"])) == "learner"
     assert resolved_old_logp(compose(["sampler=hf"])) == "learner"
     assert resolved_old_logp(compose(["sampler.old_logp=learner"])) == "learner"
-    # Sampling ahead, the batch is one update old: the sampler is its behaviour policy.
-    ahead = ["sampler.workers=1", "sampler.async_rollout=true", "sampler.old_logp=learner"]
+    # Sampling ahead, the batch is updates old: the sampler is its behaviour policy.
+    ahead = ["sampler.workers=1", "sampler.max_staleness=2", "sampler.old_logp=learner"]
     assert resolved_old_logp(compose(ahead)) == "sampler"
 
 
 def test_validate_leaves_the_config_as_written():
     # config.yaml shows what the user chose; `auto` is resolved where it is read.
     assert compose([]).sampler.old_logp == "auto"
-    assert compose(["sampler.workers=1", "sampler.async_rollout=true"]).sampler.old_logp == "auto"
+    assert compose(["sampler.workers=1", "sampler.max_staleness=1"]).sampler.old_logp == "auto"
     assert compose(["sampler.old_logp=learner"]).sampler.old_logp == "learner"
 
 

@@ -92,8 +92,13 @@ RUNS = {
 }
 # Documented names none of RUNS writes, and why: each needs what these runs do not start.
 NOT_IN_THESE_RUNS = {
-    "rollout/staleness": "rollout workers (sampler.workers, sampler.urls)",
-    "time/rollout_wait": "rollout workers (sampler.workers, sampler.urls)",
+    **{
+        name: "rollout workers (sampler.workers, sampler.urls)"
+        for name in (
+            "rollout/staleness_mean", "rollout/staleness_max", "rollout/staleness_<k>",
+            "rollout/versions_per_response", "rollout/generating_share",
+        )
+    },
     "reward/log_only_errors": "a reward.weights entry of 0",
 }
 

@@ -16,7 +16,7 @@ import torch
 
 from rlcli.config import ConfigError
 from rlcli.env.calls import CALL_END, parse_call
-from rlcli.env.episode import Turn
+from rlcli.env.episode import Turn, episode_metrics
 from rlcli.env.sandbox import OUTPUT_BYTES, run_function, run_python
 from rlcli.env.tools import Search, Toolbox, calculator
 from rlcli.recipes import RECIPES_DIR
@@ -284,7 +284,7 @@ def test_episode_turns_masks_and_truncation(tiny_model_dir):
     assert batch.lengths[0] == len(turn1) + len(turn2)  # response length: model tokens only
     assert batch.truncated.tolist() == [False, False, True, True, False]
     assert batch.lengths[3] == 32  # the turn budget
-    m = sampler.metrics()
+    m = episode_metrics(batch.episodes)
     assert m["env/turns_mean"] == (2 + 1 + 3 + 1 + 2) / 5
     assert (m["env/tool_calls"], m["env/tool_errors"], m["env/timeouts"]) == (4, 1, 0)
     assert m["env/tool_call_rate"] == 3 / 5
@@ -499,10 +499,6 @@ def test_micro_batches_keep_the_tool_turns_inside_a_response():
         (["env=calculator", "env.tools=[]"], "needs at least one tool"),
         (["env=calculator", "env.max_turns=0"], "env.max_turns=0 must be at least 1"),
         (["env=calculator", "env.tool_format=json"], "env.tool_format='json' is not a tool"),
-        (
-            ["env=calculator", "sampler.workers=1", "sampler.async_rollout=true"],
-            "sampler.async_rollout=true .* does not run episodes",
-        ),
         (["algo=dpo", "data=pairs", "data.path=p.jsonl", "env=calculator"], "samples nothing"),
     ],
 )

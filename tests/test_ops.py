@@ -29,7 +29,10 @@ from rlcli.ops.policy_loss import (
     clipped_surrogate,
     dpo_loss,
     explained_variance,
+    masked_is_response_weights,
+    masked_is_weights,
     overlong_penalty,
+    truncated_is_response_weights,
     truncated_is_weights,
     value_loss,
 )
@@ -453,6 +456,49 @@ def test_truncated_is_weights():
     assert not w.requires_grad
 
 
+def test_masked_is_weights_drop_the_tokens_above_the_cap():
+    # AReaL's decoupled PPO: pi_prox / pi_behav = 1, 1.5, 3 with cap 2 -> 1, 1.5 and 0 (the
+    # third token leaves the loss), where truncation would count it as 2.
+    old = torch.tensor([[0.0, math.log(1.5), math.log(3.0)]], requires_grad=True)
+    w = masked_is_weights(old, torch.zeros(1, 3), cap=2.0)
+    assert close(w, [[1.0, 1.5, 0.0]])
+    assert not w.requires_grad
+    # A weight exactly at the cap stays.
+    assert close(masked_is_weights(torch.tensor([[math.log(2.0)]]), torch.zeros(1, 1), 2.0), 2.0)
+    # Per response: the geometric mean of its tokens' weights, e.g. sqrt(1 * 9) = 3 > 2 -> 0,
+    # sqrt(1.5 * 1.5) = 1.5 kept; truncation gives 2 and 1.5.
+    old = torch.tensor([[0.0, math.log(9.0)], [math.log(1.5), math.log(1.5)]])
+    mask = torch.ones(2, 2)
+    assert close(masked_is_response_weights(old, torch.zeros(2, 2), mask, 2.0), [0.0, 1.5])
+    assert close(truncated_is_response_weights(old, torch.zeros(2, 2), mask, 2.0), [2.0, 1.5])
+
+
+def test_the_decoupled_objective_masks_what_truncation_caps():
+    # One loss per token (GRPO's clipped surrogate, token-mean): with ratio 1 each token's
+    # loss is -A * w, so the mean over 3 tokens is -(1 + 1.5 + w3)/3 with A = 1: truncation
+    # w3 = 2, masking w3 = 0. The token leaves the numerator, not the denominator.
+    from rlcli.ops.objective import policy_objective
+    from rlcli.train.learner import objective_from_config
+    from rlcli.validate import section
+
+    logp = torch.tensor([[0.0, math.log(1.5), math.log(3.0)]]) - 2.0
+    behaviour = torch.full((1, 3), -2.0)
+    mask, entropy = torch.ones(1, 3), torch.zeros(1, 3)
+    counts = StepCounts(tokens=3.0, seqs=1.0, responses=1.0)
+    algo = section("algo", "grpo", beta=0.0)
+    losses, capped = {}, {}
+    for correction in ("truncate", "mask"):
+        sampler = section("sampler", "vllm", old_logp="sampler", is_correction=correction)
+        obj = objective_from_config(algo, sampler, 3)
+        loss, sums = policy_objective(
+            obj, logp, logp, None, torch.ones(1), mask, entropy, counts, behaviour
+        )
+        losses[correction], capped[correction] = loss.item(), sums["rollout/is_capped"].item()
+    assert close(losses["truncate"], -(1 + 1.5 + 2) / 3)
+    assert close(losses["mask"], -(1 + 1.5 + 0) / 3)
+    assert capped == {"truncate": 1.0, "mask": 1.0}  # one token above the cap either way
+
+
 def test_dpo_loss_value_and_gradient_sign():
     chosen = torch.tensor([-1.0], requires_grad=True)
     rejected = torch.tensor([-3.0], requires_grad=True)
@@ -477,7 +523,7 @@ def test_explained_variance():
 
 
 def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one():
-    # sampler.async_rollout resolves sampler.old_logp to sampler: each token's loss is weighted by
+    # sampler.max_staleness resolves sampler.old_logp to sampler: each token's loss is weighted by
     # min(exp(learner - sampler), cap). When the batch was sampled with the learner's own
     # weights (staleness 0, no rounding gap) the weight is exactly 1, so the loss and its
     # gradient equal those of the synchronous objective bit for bit.

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from rlcli.rollout.samplers import resolved_old_logp
 from rlcli.rollout.worker_client import not_a_worker, worker_session
 from rlcli.rollout.worker_processes import worker_gpus
 from rlcli.rollout.workers import WorkerSampler
+from rlcli.train.forward import batch_logprobs
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from rlcli.validate import compose
@@ -68,7 +70,8 @@ def test_a_worker_process_holds_the_learners_weights_after_every_step(tiny_overr
             # The batch was sampled by the worker with the weights the learner had then: in
             # float32 the two agree to rounding, so a stale or half-loaded worker fails here.
             assert metrics["rollout/logp_abs_diff"] < 1e-3, (step, metrics)
-            assert metrics["rollout/staleness"] == 0
+            # Synchronous: every token sampled by the weights the learner trains.
+            assert metrics["rollout/staleness_max"] == 0 and metrics["rollout/staleness_0"] == 1
             # Bit for bit: vLLM's own checksum of the worker's tensors. On CPU vLLM keeps the
             # linear layers only in oneDNN's packed format, which its checksum cannot read (it
             # reports an empty tensor); the embedding and the norms it keeps as loaded, and
@@ -101,25 +104,114 @@ def metrics_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_async_rollout_samples_one_step_ahead_and_still_learns(tiny_overrides, tmp_path):
+def test_streamed_rollouts_stay_within_max_staleness_learn_and_resume_without_gaps(
+    tiny_overrides, tmp_path
+):
+    # Two steps ahead: the workers sample steps k+1 and k+2 while the learner trains step k.
     overrides = [
-        *tiny_overrides, "sampler.workers=1", "sampler.async_rollout=true",
-        "trainer.max_steps=24", "trainer.save_every=0",
+        *tiny_overrides, "sampler.workers=1", "sampler.max_staleness=2",
+        "trainer.max_steps=24", "trainer.save_every=12", "trainer.keep_last=null",
     ]  # fmt: skip
-    done = cli(overrides, tmp_path)
+    first = tmp_path / "first"
+    done = cli(overrides, first)
     out, err = done.communicate(timeout=1500)
     assert done.returncode == 0, err[-3000:]
-    rows = metrics_of(tmp_path)
-    assert [r["rollout/staleness"] for r in rows] == [0.0] + [1.0] * (len(rows) - 1)
-    # The ratio's base is the sampler: its log-probs, weighted by truncated IS, so the
-    # mismatch the step reports is that of one update, not zero.
-    assert all(r["rollout/logp_abs_diff"] > 0 for r in rows[1:])
-    config = (tmp_path / "config.yaml").read_text()
-    assert "old_logp: auto" in config  # as written; the run resolves it
+    rows = metrics_of(first)
+    assert len(rows) == 24
+    # Never more than 2 updates old; the batch of step 1 is fresh, and once the stream runs
+    # the oldest tokens are 2 updates old, as asked.
+    assert all(r["rollout/staleness_max"] <= 2 for r in rows)
+    assert rows[0]["rollout/staleness_max"] == 0
+    assert max(r["rollout/staleness_max"] for r in rows[2:]) == 2
+    for r in rows:
+        shares = [r[f"rollout/staleness_{k}"] for k in range(3)]
+        assert abs(sum(shares) - 1) < 1e-6
+    # The ratio's base is the sampler's log-probs, weighted by truncated IS.
     assert resolved_old_logp(compose(overrides)) == "sampler"
-    first = sum(r["reward/mean"] for r in rows[:4]) / 4
-    last = sum(r["reward/mean"] for r in rows[-4:]) / 4
-    assert last > first + 0.2, [round(r["reward/mean"], 2) for r in rows]
+    begin = sum(r["reward/mean"] for r in rows[:4]) / 4
+    end = sum(r["reward/mean"] for r in rows[-4:]) / 4
+    assert end > begin + 0.2, [round(r["reward/mean"], 2) for r in rows]
+    # samples.jsonl names the weight versions each response was sampled by.
+    samples = [json.loads(line) for line in (first / "samples.jsonl").read_text().splitlines()]
+    step_of = {}
+    for s in samples:
+        assert s["step"] - 1 - 2 <= min(s["policy_versions"]) <= max(s["policy_versions"])
+        assert max(s["policy_versions"]) <= s["step"] - 1
+        step_of.setdefault(s["step"], set()).add(s["problem_id"])
+    # The checkpoint of step 12 leaves out the 2 rounds sampled ahead: its data position is
+    # before them, so a resume samples their problems again.
+    state = json.loads((first / "checkpoints" / "step_12" / "trainer_state.json").read_text())
+    assert state["rounds_ahead_discarded"] == 2
+    assert state["data_position"] == 12 * 16
+    # Resumed from step 12: it says so, and step 13 trains the problems step 13 trained before.
+    second = tmp_path / "second"
+    resumed = [*overrides, "trainer.max_steps=13", f"trainer.resume={first}/checkpoints/step_12"]
+    done = cli(resumed, second)
+    out, err = done.communicate(timeout=1500)
+    assert done.returncode == 0, err[-3000:]
+    assert "the 2 round(s) of groups the workers were sampling ahead when step 12" in out
+    again = [json.loads(line) for line in (second / "samples.jsonl").read_text().splitlines()]
+    assert {s["problem_id"] for s in again if s["step"] == 13} == step_of[13]
+
+
+def generated_tokens(url: str) -> float:
+    """The tokens the worker has generated so far, from vLLM's Prometheus metrics."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    counts = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    ]
+    return sum(counts)
+
+
+def test_a_push_mid_generation_changes_the_weights_between_two_tokens(tiny_overrides):
+    # sampler.max_staleness >= 1: the push pauses the worker between two decode steps keeping
+    # its requests, and they go on with the new weights. In float32 the sampler's log-prob of
+    # each token is the learner's under the weights its version names, to rounding.
+    cfg = compose([
+        *tiny_overrides, *FLOAT32, "sampler.workers=1", "sampler.max_staleness=1",
+        "sampler.max_new_tokens=900", "sampler.max_model_len=1024",
+        "sampler.max_prompt_tokens=64",
+    ])  # fmt: skip
+    run = setup(cfg)
+    sampler = run.sampler
+    try:
+        before = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
+        out = {}
+        prompts = ["Tell me a story."] * 2
+        thread = threading.Thread(
+            target=lambda: out.update(batch=sampler.sample(prompts, 2, ["a", "b"], ["", ""]))
+        )
+        thread.start()
+        deadline = time.monotonic() + 120
+        while generated_tokens(sampler.urls[0]) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until some tokens of version 0 are out (the tiny model never ends)
+        with torch.no_grad():
+            for p in run.policy.parameters():
+                p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(0)) * 0.05)
+        sampler.sync(run.policy)  # version 1, mid-generation
+        thread.join(300)
+        batch = out["batch"]
+        spans = [sorted(set(row[row >= 0].tolist())) for row in batch.token_versions]
+        assert [0, 1] in spans, spans  # a response sampled partly by each
+        sizes = (4, 1.0, 0, True)
+        with torch.no_grad():
+            new = batch_logprobs(run.learner, batch, *sizes)
+            for n, p in run.policy.named_parameters():
+                p.copy_(before[n])
+            old = batch_logprobs(run.learner, batch, *sizes)
+        mask = batch.response_mask.bool()
+        for version, learner in ((0, old), (1, new)):
+            tokens = mask & (batch.token_versions == version)
+            assert tokens.any()
+            gap = (learner - batch.sampler_logp)[tokens].abs()
+            assert gap.mean() < 2e-3, (version, gap.mean())
+        # ... and the tokens after the push were not sampled by the old weights.
+        after = mask & (batch.token_versions == 1)
+        assert (old - batch.sampler_logp)[after].abs().mean() > 0.1
+    finally:
+        sampler.close()
 
 
 def worker_pids() -> set[int]:
@@ -192,18 +284,19 @@ def test_local_workers_take_the_gpus_the_learner_ranks_leave(monkeypatch):
 
 
 def test_episodes_with_tools_run_turn_by_turn_on_a_rollout_worker(tiny_overrides):
-    """env=calculator with sampler.workers=1, one step: every turn of every episode is
-    generated by the worker (a vLLM server) from its token context, tool turns included.
-    The tiny random model never writes a whole call, so its turns are made to end as calls at
-    a letter it writes in nearly every turn (the call format's stop string, "e"): each such
-    turn gets the format's error back as a real tool turn, and the next turn is asked of the
-    worker with that tool turn in its context."""
+    """env=calculator with sampler.workers=1, streamed one step ahead: every turn of every
+    episode is generated by the worker (a vLLM server) from its token context, tool turns
+    included. The tiny random model never writes a whole call, so its turns are made to end as
+    calls at a letter it writes in nearly every turn (the call format's stop string, "e"):
+    each such turn gets the format's error back as a real tool turn, and the next turn is
+    asked of the worker with that tool turn in its context."""
     from rlcli.env.calls import RlcliCalls
     from rlcli.rollout.multiturn import EpisodeSampler
 
     cfg = compose([*tiny_overrides, *FLOAT32, "sampler.workers=1", "env=calculator",
                    "env.max_turns=3", "env.max_tokens=96", "trainer.prompts_per_step=4",
-                   "trainer.group_size=2"])  # fmt: skip
+                   "trainer.group_size=2", "sampler.max_staleness=1",
+                   "trainer.max_steps=3"])  # fmt: skip
     run = setup(cfg)
     try:
         assert isinstance(run.sampler, EpisodeSampler)
@@ -211,6 +304,14 @@ def test_episodes_with_tools_run_turn_by_turn_on_a_rollout_worker(tiny_overrides
         run.sampler.calls = RlcliCalls(stop="e")
         with run.scorer.recording() as recorded:
             metrics = train_step(run)
+        run.step += 1
+        # The next steps' episodes were run on the worker while step 1 trained, and step 1's
+        # push reached them mid-episode or after: at most one update old.
+        for _ in range(2):
+            later = train_step(run)
+            run.step += 1
+            assert later["rollout/staleness_max"] <= 1 and later["env/turns_mean"] >= 1
+            assert later["rollout/staleness_0"] + later["rollout/staleness_1"] == 1
         episodes = [s.episode for s in recorded]
         assert len(episodes) == 8 and metrics["env/tool_calls"] > 0
         # Turns the worker generated after reading a tool turn: trained; the tool turn not.

@@ -6,8 +6,9 @@ a group for each through the run's sampler, scores every response, and shapes th
 DAPO's dynamic sampling keeps only groups whose `algo.filter_metric` differs and samples more
 prompts until the batch is full; DUPO replaces zero-signal groups by duplicates of
 informative ones; ReMax's greedy baselines are sampled and scored beside them. It is handed
-the pieces it uses, not the whole config, and keeps only which problems the workers already
-sample ahead (`prefetch`).
+the pieces it uses, not the whole config. With `sampler.max_staleness` >= 1 its rounds come
+from the ones the workers sample ahead (`collect.stream.RoundsAhead`), and each step says
+how old its tokens are (`staleness_metrics`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcli.collect.sampling import sample_and_score
+from rlcli.collect.sampling import score_rollout
 from rlcli.collect.shaping import dupo_fill, filter_values, group_rows, informative_groups
+from rlcli.collect.stream import RoundsAhead
 from rlcli.config import ConfigError
 from rlcli.data.problems import Problem, PromptRenderer, PromptStream
+from rlcli.env.episode import episode_metrics
 from rlcli.rewards.scorer import Sample, Scores
 from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
 from rlcli.rollout.samplers import Sampler
@@ -56,6 +59,25 @@ def reward_metrics(rounds: list[Scores]) -> dict[str, float]:
     return joined.metrics()
 
 
+def staleness_metrics(batch: Rollout, version: int, max_staleness: int) -> dict[str, float]:
+    """How old the batch's trained tokens are, in weight updates: the learner holds `version`
+    and each token was sampled by `batch.token_versions`' version. Their mean, maximum, the
+    share at each staleness 0..max_staleness (the histogram curves.png draws), and how many
+    versions a response spans on average (more than one: new weights arrived mid-response)."""
+    tokens = (batch.response_mask > 0) & (batch.token_versions >= 0)
+    staleness = (version - batch.token_versions)[tokens].float()
+    n = max(staleness.numel(), 1)
+    spans = [len(set(row[row >= 0].tolist())) for row in batch.token_versions.cpu()]
+    metrics = {
+        "rollout/staleness_mean": float(staleness.sum()) / n,
+        "rollout/staleness_max": float(staleness.max()) if staleness.numel() else 0.0,
+        "rollout/versions_per_response": sum(spans) / max(len(spans), 1),
+    }
+    for k in range(max_staleness + 1):
+        metrics[f"rollout/staleness_{k}"] = float((staleness == k).sum()) / n
+    return metrics
+
+
 class Collector:
     """Each step's batch: `next_batch()` -> (rollout, scores [B], metrics)."""
 
@@ -71,15 +93,20 @@ class Collector:
         shaping: Shaping,
         greedy: bool,  # also a greedy response per prompt, scored (ReMax's baseline)
         rng: random.Random,  # DUPO's choice of groups to duplicate
+        max_staleness: int = 0,  # >= 1: rounds sampled that many steps ahead (RoundsAhead)
         rank: int = 0,
         world: int = 1,
     ):
         self.sampler, self.scorer, self.render, self.prompts = sampler, scorer, render, prompts
         self.P, self.G, self.shaping, self.greedy = prompts_per_step, group_size, shaping, greedy
         self.rng, self.rank, self.world = rng, rank, world
-        # Problems of the next step, drawn early when the rollout workers sample ahead
-        self.next_problems: list[Problem] | None = None
-        self.reward_seconds = 0.0
+        self.max_staleness = max_staleness
+        self.ahead = (
+            RoundsAhead(max_staleness, self._draw, lambda: self.prompts.position, self._sample)
+            if max_staleness
+            else None
+        )
+        self.reward_seconds = self.waited = 0.0
 
     def _draw(self) -> list[Problem]:
         """This rank's share of the next problems of the stream (every rank draws them all)."""
@@ -91,36 +118,56 @@ class Collector:
         self.reward_seconds += time.perf_counter() - begin
         return scores
 
+    def _sample(self, problems: list[Problem]) -> tuple[Rollout, Rollout | None]:
+        """A group per problem, and ReMax's greedy reply to each when it needs them."""
+        prompts = [self.render(p.question) for p in problems]
+        ids, answers = [p.id for p in problems], [p.answer for p in problems]
+        batch = self.sampler.sample(prompts, self.G, ids, answers)
+        greedy = (
+            self.sampler.sample(prompts, 1, ids, answers, temperature=0.0) if self.greedy else None
+        )
+        return batch, greedy
+
     def _round(self) -> tuple[Rollout, Scores]:
-        """One generation round: a group per problem, scored; ReMax's greedy baselines too."""
-        # The first round's problems were drawn a step early when the workers sample ahead.
-        problems, self.next_problems = self.next_problems or self._draw(), None
-        batch, scores = sample_and_score(self.sampler, self._score, self.render, problems, self.G)
-        if self.greedy:
-            _, greedy = sample_and_score(
-                self.sampler, self._score, self.render, problems, 1, temperature=0.0
-            )
-            baseline = greedy.total.repeat_interleave(self.G)
+        """One generation round, scored: sampled now, or taken from the rounds sampled ahead."""
+        if self.ahead is None:
+            problems = self._draw()
+            batch, greedy = self._sample(problems)
+        else:
+            begin = time.perf_counter()  # the learner's wait for generation
+            problems, (batch, greedy) = self.ahead.take()
+            self.waited += time.perf_counter() - begin
+        batch, scores = score_rollout(self._score, self.render, problems, self.G, batch)
+        if greedy is not None:
+            _, greedy_scores = score_rollout(self._score, self.render, problems, 1, greedy)
+            baseline = greedy_scores.total.repeat_interleave(self.G)
             batch = dataclasses.replace(batch, baseline_scores=baseline)
         return batch, scores
 
-    def prefetch(self) -> None:
-        """Have the rollout workers start on the next step's batch (sampler.async_rollout):
-        they generate it with the weights they hold while the learner trains on this one."""
-        problems = self.next_problems = self._draw()
-        prompts = [self.render(p.question) for p in problems]
-        ids, answers = [p.id for p in problems], [p.answer for p in problems]
-        self.sampler.prefetch(prompts, self.G, ids, answers)
+    def resume_position(self) -> tuple[int, int]:
+        """(the prompt stream's position a checkpoint records, the rounds sampled ahead that
+        it leaves out): a resumed run samples those rounds' problems again."""
+        if self.ahead is None or (oldest := self.ahead.oldest_position()) is None:
+            return self.prompts.position, 0
+        return oldest, len(self.ahead.queue)
 
-    def next_batch(self) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
+
+    def next_batch(self, steps_after: int = 0) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
         """The step's batch of P groups, shaped (DAPO: at most `max_gen_batches` rounds, then
-        the groups found, and an error only if there are none), its scores and metrics."""
+        the groups found, and an error only if there are none), its scores and metrics.
+        `steps_after`: the steps still to come after this one, which rounds sampled ahead are
+        for."""
         P, G, shaping = self.P, self.G, self.shaping
-        self.reward_seconds = 0.0
+        self.reward_seconds = self.waited = 0.0
         parts, kept_scores, rounds, sampled_groups, equal_groups = [], [], [], 0, 0
+        episodes = []
         for _ in range(shaping.max_gen_batches if shaping.dynamic_sampling else 1):
             batch, round_scores = self._round()
             rounds.append(round_scores)
+            episodes += batch.episodes or []
             scores = round_scores.total
             judged = filter_values(round_scores, shaping.filter_metric, list(shaping.components))
             informative = informative_groups(judged.view(P, G))
@@ -138,12 +185,19 @@ class Collector:
                 break
         else:
             batch, scores = self._whatever_was_found(parts, kept_scores)
+        if self.ahead is not None:  # the workers go on with the next steps' rounds
+            self.ahead.top_up(steps_after)
         metrics = {
             **reward_metrics(rounds),
             "batch/groups_all_equal": equal_groups / sampled_groups,
             "batch/gen_batches": float(sampled_groups // P),
             "time/reward": self.reward_seconds,
+            "time/rollout_wait": self.waited,
         }
+        if episodes:  # env=...: every episode sampled this step, as the rewards' metrics
+            metrics.update(episode_metrics(episodes))
+        if batch.token_versions is not None:
+            metrics.update(staleness_metrics(batch, self.sampler.version, self.max_staleness))
         if shaping.dynamic_sampling:
             metrics["batch/groups_short"] = float(P - len(batch.texts) // G)
         if shaping.dupo_fill:

@@ -1,6 +1,7 @@
 """Sampling and scoring together, for training and for the commands that only sample.
 
-`sample_and_score` samples a group per problem and scores every response; `scored_chunks`
+`sample_and_score` samples a group per problem and scores every response (`score_rollout`, the
+scoring alone, for a batch sampled ahead: `collect.stream`); `scored_chunks`
 does so over a whole problem list, chunk by chunk (what `rlcli eval`, `filter` and `pairs`
 iterate over); `frozen_sampling` sets up the scorer, prompt renderer and sampler those commands
 use on a model they do not train.
@@ -42,6 +43,18 @@ def sample_and_score(
     batch = sampler.sample(
         prompts, group, ids, answers, temperature=temperature, seed=seed, top_p=top_p
     )
+    return score_rollout(scorer, render, problems, group, batch)
+
+
+def score_rollout(
+    scorer: Callable[[list[Sample]], Scores],
+    render: PromptRenderer,
+    problems: list[Problem],
+    group: int,
+    batch: Rollout,
+) -> tuple[Rollout, Scores]:
+    """Score every response of `batch`, sampled as `group` responses per problem; a process
+    reward's step scores go into the rollout."""
     rows = [p for p in problems for _ in range(group)]
     # Each response's tokens up to its padding (tool turns too): views, no copies.
     widths = batch.attention_mask[:, batch.prompt_width :].sum(-1).tolist()
@@ -54,6 +67,9 @@ def sample_and_score(
     if batch.episodes is not None:  # env=...: each episode's transcript, for samples.jsonl
         episodes = zip(samples, batch.episodes, strict=True)
         samples = [dataclasses.replace(s, episode=e) for s, e in episodes]
+    if batch.token_versions is not None:  # rollout workers: the weights each response spans
+        spans = [sorted(set(row[row >= 0].tolist())) for row in batch.token_versions.cpu()]
+        samples = [dataclasses.replace(s, versions=v) for s, v in zip(samples, spans, strict=True)]
     scores = scorer(samples)
     if scores.steps is not None:  # process reward: each step's score at its last token
         step_rewards, step_ends = step_reward_tensors(

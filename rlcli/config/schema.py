@@ -95,6 +95,7 @@ class SamplerConfig:
     stop: list[str] = MISSING
     old_logp: str = MISSING
     tis_cap: float = MISSING
+    is_correction: str = MISSING  # truncate or mask
     # vLLM engine
     max_model_len: int = MISSING
     gpu_memory_utilization: float = MISSING
@@ -104,7 +105,7 @@ class SamplerConfig:
     # rollout workers (vLLM servers in processes of their own)
     workers: int = MISSING
     urls: list[str] = MISSING
-    async_rollout: bool = MISSING
+    max_staleness: int = MISSING
     transfer_address: str = MISSING
     worker_timeout_s: float = MISSING
     serve_port: int = MISSING

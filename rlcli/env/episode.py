@@ -25,6 +25,7 @@ class Turn:
     tokens: list[int]
     logprobs: list[float] | None  # the sampler's, per token (None: the sampler has none)
     end: str  # "eos" (the model finished), "call" (it stopped at a call's end), "length"
+    versions: list[int] | None = None  # the weight version of each token (rollout workers)
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Episode:
     tokens: list[int] = field(default_factory=list)  # after the prompt: model and tool turns
     mask: list[int] = field(default_factory=list)  # 1 on the model's tokens, 0 on tool turns
     logprobs: list[float] = field(default_factory=list)  # the sampler's; 0 on tool turns
+    # The weight version of each token (-1 on tool turns); None once a turn came without them
+    versions: list[int] | None = field(default_factory=list)
     said: list[str] = field(default_factory=list)  # the model's turns, as text
     log: list[dict] = field(default_factory=list)  # every turn, model's and tools', in order
     turns: int = 0
@@ -51,10 +54,21 @@ class Episode:
         """What the model wrote: its turns (calls included) without the tools' outputs."""
         return "".join(self.said)
 
-    def add(self, tokens: list[int], own: bool, logprobs: list[float] | None = None) -> None:
+    def add(
+        self,
+        tokens: list[int],
+        own: bool,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
         self.tokens += tokens
         self.mask += [int(own)] * len(tokens)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
+        if not own:
+            versions = [-1] * len(tokens)
+        self.versions = (
+            None if self.versions is None or versions is None else self.versions + versions
+        )
 
     def stop(self, why: str) -> None:
         self.done, self.truncated, self.stopped = True, why != "answer", why
@@ -65,6 +79,7 @@ class Episode:
         trained = sum(self.mask)
         return {
             "turns": self.log,
+            "model_turns": self.turns,
             "calls": self.calls,
             "errors": self.errors,
             "timeouts": self.timeouts,
@@ -96,7 +111,7 @@ def run_episodes(
         outs = generate([e.prompt + e.tokens for e in active], budgets)
         calling = []
         for e, out in zip(active, outs, strict=True):
-            e.add(out.tokens, True, out.logprobs)
+            e.add(out.tokens, True, out.logprobs, out.versions)
             e.said.append(decode(out.tokens))
             e.log.append(_model_turn(e.said[-1], out))
             e.turns += 1
@@ -148,15 +163,16 @@ def _count(e: Episode, result: ToolResult) -> None:
     e.timeouts += result.timeout
 
 
-def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """env/* metrics of a batch: turns per episode, calls, failed calls, time-outs, the share
-    of episodes with at least one call, and the tool tokens (which the loss does not see)."""
-    n = max(len(episodes), 1)
+def episode_metrics(transcripts: list[dict]) -> dict[str, float]:
+    """env/* metrics of a batch's episodes, from their transcripts (`Episode.transcript`):
+    turns per episode, calls, failed calls, time-outs, the share of episodes with at least one
+    call, and the tool tokens (which the loss does not see)."""
+    n = max(len(transcripts), 1)
     return {
-        "env/turns_mean": sum(e.turns for e in episodes) / n,
-        "env/tool_calls": float(sum(e.calls for e in episodes)),
-        "env/tool_errors": float(sum(e.errors for e in episodes)),
-        "env/timeouts": float(sum(e.timeouts for e in episodes)),
-        "env/tool_call_rate": sum(e.calls > 0 for e in episodes) / n,
-        "env/tool_tokens_mean": sum(len(e.mask) - sum(e.mask) for e in episodes) / n,
+        "env/turns_mean": sum(t["model_turns"] for t in transcripts) / n,
+        "env/tool_calls": float(sum(t["calls"] for t in transcripts)),
+        "env/tool_errors": float(sum(t["errors"] for t in transcripts)),
+        "env/timeouts": float(sum(t["timeouts"] for t in transcripts)),
+        "env/tool_call_rate": sum(t["calls"] > 0 for t in transcripts) / n,
+        "env/tool_tokens_mean": sum(t["context_tokens"] for t in transcripts) / n,
     }

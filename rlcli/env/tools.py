@@ -321,12 +321,6 @@ def check_env(cfg: Config) -> None:
             "chat_template (the tools declared through the model's chat template and calls in "
             "its own format, e.g. Qwen2.5's <tool_call>{json}</tool_call>)."
         )
-    if cfg.sampler.async_rollout:
-        raise ConfigError(
-            f"env={env.name} runs its episodes turn by turn, and sampler.async_rollout=true "
-            "(the workers generating the next step's batch during this one) does not run "
-            "episodes yet: set sampler.async_rollout=false (episodes run on the workers)."
-        )
 
 
 def _check_corpus(corpus: str | None) -> None:

@@ -53,7 +53,7 @@ FREE = (
     "sampler.enforce_eager",
     "sampler.workers",
     "sampler.urls",
-    "sampler.async_rollout",
+    "sampler.max_staleness",
     "sampler.transfer_address",
     "sampler.worker_timeout_s",
     "sampler.serve_port",

@@ -8,6 +8,7 @@ with its settings and the coefficients; `policy_objective` applies them to one m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,10 +16,9 @@ from torch import Tensor
 
 from rlcli.ops.pieces import Piece, PieceError, call_piece, loss_output_problem
 from rlcli.ops.policy_loss import (
+    IS_CORRECTIONS,
     StepCounts,
     kl_k3,
-    truncated_is_response_weights,
-    truncated_is_weights,
 )
 
 
@@ -41,6 +41,7 @@ class Objective:
     top_entropy: float = 0.0  # only this share of tokens, highest entropy first, trains (0: off)
     temperature: float = 1.0  # the policy is softmax(logits / temperature), as sampled
     tis_cap: float | None = None  # weight tokens by min(exp(old - sampler), cap); None: off
+    is_correction: str = "truncate"  # IS_CORRECTIONS: a weight above tis_cap truncated or masked
 
     @property
     def needs_minibatch_stats(self) -> bool:
@@ -70,8 +71,9 @@ def policy_objective(
     over the step's responses that train, and the KL and entropy terms are then added with
     the chosen aggregation. w = min(exp(old_logp - sampler_logp), tis_cap) when obj.tis_cap
     is set (truncated importance sampling: the sampler, not the learner's old policy, drew
-    the tokens), else 1; for a loss per response w is the geometric mean of its tokens' ratios,
-    truncated the same way.
+    the tokens), or that weight where it is at most tis_cap and else 0 with
+    obj.is_correction="mask" (AReaL's decoupled PPO); else 1. For a loss per response w is
+    the geometric mean of its tokens' ratios, truncated or masked the same way.
     """
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     ratio = obj.ratio(logp, old_logp, mask)
@@ -91,10 +93,11 @@ def policy_objective(
         selected=selected,
     )
     if sampler_logp is not None and obj.tis_cap is not None:
+        per_token_weights, per_response_weights = IS_CORRECTIONS[obj.is_correction]
         if per_token.dim() == 2:
-            weights = truncated_is_weights(old_logp, sampler_logp, obj.tis_cap)
+            weights = per_token_weights(old_logp, sampler_logp, obj.tis_cap)
         else:
-            weights = truncated_is_response_weights(old_logp, sampler_logp, m, obj.tis_cap)
+            weights = per_response_weights(old_logp, sampler_logp, m, obj.tis_cap)
         per_token = per_token * weights
     if trained is not None:
         if per_token.dim() == 1:  # validation refuses the pair before anything loads
@@ -111,6 +114,9 @@ def policy_objective(
         # Sampler/learner mismatch on the sampled tokens; KL(sampler || learner) by k3.
         sums["rollout/logp_abs_diff"] = ((old_logp - sampler_logp).abs() * m).sum()
         sums["rollout/kl"] = (kl_k3(sampler_logp, old_logp) * m).sum()
+        if obj.tis_cap is not None:  # tokens whose weight the cap truncated or masked
+            above = (old_logp - sampler_logp).detach() > math.log(obj.tis_cap)
+            sums["rollout/is_capped"] = (above * m).sum()
     if per_token.dim() == 1:  # one loss per response: their mean over the responses that train
         trains = (m.sum(-1) > 0).to(per_token.dtype)
         response_loss = (per_token * trains).sum() / max(float(counts.seqs), 1.0)

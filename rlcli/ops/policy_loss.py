@@ -262,6 +262,30 @@ def truncated_is_response_weights(
     )
 
 
+def masked_is_weights(old_logp_proximal: Tensor, logp_behaviour: Tensor, cap: float) -> Tensor:
+    """The behaviour correction of AReaL's decoupled PPO (Fu et al. 2025, eq. 5, with its cap):
+    ``w = exp(old_logp_proximal - logp_behaviour)`` where ``w <= cap``, else 0 (the token
+    leaves the loss instead of counting at the cap), detached.  # [B, T]"""
+    w = torch.exp(old_logp_proximal - logp_behaviour)
+    return torch.where(w <= cap, w, torch.zeros_like(w)).detach()
+
+
+def masked_is_response_weights(
+    old_logp_proximal: Tensor, logp_behaviour: Tensor, mask: Tensor, cap: float
+) -> Tensor:
+    """The same for a loss per response: the geometric mean of its tokens' weights where it is
+    at most `cap`, else 0 (the response leaves the loss), detached.  # [B]"""
+    w = torch.exp(_sequence_log_ratio(old_logp_proximal, logp_behaviour, mask)[:, 0])
+    return torch.where(w <= cap, w, torch.zeros_like(w)).detach()
+
+
+# sampler.is_correction -> (token weights, response weights): what a weight above the cap does.
+IS_CORRECTIONS = {
+    "truncate": (truncated_is_weights, truncated_is_response_weights),
+    "mask": (masked_is_weights, masked_is_response_weights),
+}
+
+
 def dpo_loss(
     policy_chosen: Tensor,
     policy_rejected: Tensor,

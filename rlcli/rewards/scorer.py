@@ -55,6 +55,9 @@ class Sample:
     # The episode's transcript (env=...: its turns, tool calls and outputs, token counts;
     # `env.episode.Episode.transcript`), which samples.jsonl writes; None for one reply
     episode: dict | None = None
+    # The weight versions that sampled its tokens, oldest first (rollout workers; more than
+    # one when the weights changed mid-response, sampler.max_staleness >= 1); None otherwise
+    versions: list[int] | None = None
 
 
 @dataclass

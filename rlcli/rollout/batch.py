@@ -43,6 +43,10 @@ class Rollout:
     # [B] each episode's transcript (env=...; `env.episode.Episode.transcript`: its turns,
     # calls and token counts), for samples.jsonl; None for single-turn sampling
     episodes: list[dict] | None = None
+    # [B, T] the weight version (pushes of the run's sampler, `WorkerSampler.version`) that
+    # sampled each response token, -1 on padding and tool turns; None unless rollout workers
+    # label them (sampler.workers, sampler.urls)
+    token_versions: Tensor | None = None
 
     @property
     def finish_reasons(self) -> list[str]:  # why each response ended, in vLLM's words
@@ -70,9 +74,11 @@ def rollout_from_tokens(
     own_masks: list[list[int]] | None = None,
     tool_calls: list[int] | None = None,
     episodes: list[dict] | None = None,
+    versions: list[list[int]] | None = None,
 ) -> Rollout:
     """Token lists laid out as a Rollout: prompts left-padded, responses right-padded.
-    `own_masks` (multi-turn episodes): 1 on the model's tokens, 0 on tool turns."""
+    `own_masks` (multi-turn episodes): 1 on the model's tokens, 0 on tool turns; `versions`:
+    the weight version of each response token (-1 on tool turns)."""
     width = max(len(p) for p in prompts)
     span = max(max(len(r) for r in responses), 1)
     n = len(responses)
@@ -88,6 +94,12 @@ def rollout_from_tokens(
     response_mask = attention_mask[:, width:].clone()
     for row, own in enumerate(own_masks or []):
         response_mask[row, : len(own)] = torch.tensor(own, dtype=torch.long)
+    token_versions = None
+    if versions is not None:
+        token_versions = torch.full((n, span), -1, dtype=torch.long)
+        for row, labels in enumerate(versions):
+            token_versions[row, : len(labels)] = torch.tensor(labels, dtype=torch.long)
+        token_versions = token_versions.to(device)
     return Rollout(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
@@ -100,6 +112,7 @@ def rollout_from_tokens(
         sampler_logp=None if sampler_logp is None else logp.to(device),
         tool_calls=None if tool_calls is None else torch.tensor(tool_calls),
         episodes=episodes,
+        token_versions=token_versions,
     )
 
 
@@ -170,6 +183,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         if parts[0].baseline_scores is None
         else torch.cat([r.baseline_scores for r in parts]),
         episodes=None if parts[0].episodes is None else [x for r in parts for x in r.episodes],
+        token_versions=None
+        if any(r.token_versions is None for r in parts)
+        else torch.cat([_pad_to(r.token_versions, t, -1, left=False) for r in parts]),
     )
 
 
@@ -191,6 +207,7 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
         tool_calls=None if batch.tool_calls is None else batch.tool_calls[index],
         baseline_scores=None if batch.baseline_scores is None else batch.baseline_scores[index],
         episodes=None if batch.episodes is None else [batch.episodes[i] for i in rows],
+        token_versions=None if batch.token_versions is None else batch.token_versions[dev],
     )
 
 

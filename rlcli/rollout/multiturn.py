@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from rlcli.config import EnvConfig, SamplerConfig
 from rlcli.env import call_format
-from rlcli.env.episode import episode_metrics, run_episodes
+from rlcli.env.episode import run_episodes
 from rlcli.env.tools import Toolbox
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
 
@@ -50,10 +50,14 @@ class EpisodeSampler:
         self.calls = call_format(env, tokenizer)
         self.toolbox = Toolbox(env, self.calls)
         self.before, self.after = tool_turn_text(tokenizer)
-        self.last: dict[str, float] = {}
 
     def sync(self, policy) -> None:
         self.base.sync(policy)
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the base sampler holds (rollout workers only)."""
+        return self.base.version
 
     def state_dict(self) -> dict:
         return self.base.state_dict()
@@ -62,7 +66,7 @@ class EpisodeSampler:
         self.base.load_state_dict(state)
 
     def metrics(self) -> dict[str, float]:
-        return {**self.base.metrics(), **self.last}
+        return self.base.metrics()  # the episodes' env/* come with the batch (collect.batches)
 
     def close(self) -> None:
         """Stop the rollout workers the base sampler started, if any."""
@@ -103,8 +107,8 @@ class EpisodeSampler:
                 self.env.max_tokens,
                 self.cfg.max_new_tokens,
             )
-        self.last = episode_metrics(episodes)
         has_logprobs = self.cfg.name == "vllm"
+        versions = [e.versions for e in episodes]
         return rollout_from_tokens(
             starts,
             [e.tokens for e in episodes],
@@ -118,4 +122,5 @@ class EpisodeSampler:
             own_masks=[e.mask for e in episodes],
             tool_calls=[e.calls for e in episodes],
             episodes=[e.transcript() for e in episodes],
+            versions=None if None in versions else versions,
         )

@@ -11,6 +11,7 @@ what the user wrote, `auto` included).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ from typing import Protocol
 import torch
 
 from rlcli.config import Config, ConfigError, EnvConfig, SamplerConfig
+from rlcli.ops.policy_loss import IS_CORRECTIONS
 from rlcli.rollout.batch import Rollout, eos_token_ids
 from rlcli.runtime import distributed
 
@@ -109,6 +111,11 @@ SAMPLERS: dict[str, Callable[[SamplerSetup], Sampler]] = {"hf": hf_sampler, "vll
 def make_sampler(setup: SamplerSetup) -> Sampler:
     """The sampler `sampler.name` names, holding the policy's current weights; with tools
     (`env`), one that runs multi-turn episodes on it."""
+    if setup.cfg.max_staleness:
+        # It samples on a thread of its own while the learner's uses the run's tokenizer: a
+        # copy of its own, so that neither sees the other change a Rust tokenizer's padding or
+        # truncation mid-call ("Already borrowed").
+        setup = replace(setup, tokenizer=copy.deepcopy(setup.tokenizer))
     sampler = SAMPLERS[setup.cfg.name](setup)
     if setup.env is None or setup.env.name == "none":
         return sampler
@@ -163,11 +170,18 @@ def check_sampler(sampler: SamplerConfig) -> None:
             "workers are vLLM servers, so they need sampler=vllm and sampler.workers >= 0 (0 = "
             "the engine runs in the learner's process)."
         )
-    if sampler.async_rollout and not remote:
+    if sampler.max_staleness < 0 or (sampler.max_staleness and not remote):
         raise ConfigError(
-            "sampler.async_rollout=true needs rollout workers (sampler.workers=K or "
-            "sampler.urls=[...]): an engine in the learner's process cannot sample while it "
-            "learns."
+            f"sampler.max_staleness={sampler.max_staleness} is not allowed: it is 0 (each batch "
+            "sampled after the previous update) or, with rollout workers (sampler.workers=K or "
+            "sampler.urls=[...]), k >= 1 updates the workers may run ahead of the learner; an "
+            "engine in the learner's process cannot sample while it learns."
+        )
+    if sampler.is_correction not in IS_CORRECTIONS:
+        raise ConfigError(
+            f"sampler.is_correction={sampler.is_correction!r} is not a correction: truncate "
+            "(a behaviour weight above sampler.tis_cap counts as the cap; Yao et al. 2025) or "
+            "mask (its token leaves the loss; AReaL's decoupled PPO)."
         )
     if sampler.name == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
@@ -180,14 +194,15 @@ def check_sampler(sampler: SamplerConfig) -> None:
 def resolved_old_logp(cfg: Config) -> str:
     """Whose log-probs are the behaviour policy's, "sampler" or "learner", for `cfg`'s run.
 
-    With `sampler.async_rollout` the batch is one update old, so the sampler, not the learner,
-    is its behaviour policy. `sampler.old_logp=auto` is the sampler's log-probs when vLLM
-    samples in bfloat16, where its kernels and the learner's disagree by ~0.03 per token (the
-    default demo gained accuracy from correcting it on every seed, docs/tracking.md); else the
-    learner's (the hf sampler has no log-probs of its own, and in float32 the two agree to
-    ~1e-6). Resolved here, where it is read, so that the config keeps `auto`.
+    With `sampler.max_staleness` >= 1 the batch may be several updates old, so the sampler,
+    not the learner, is its behaviour policy. `sampler.old_logp=auto` is the sampler's
+    log-probs when vLLM samples in bfloat16, where its kernels and the learner's disagree by
+    ~0.03 per token (the default demo gained accuracy from correcting it on every seed,
+    docs/tracking.md); else the learner's (the hf sampler has no log-probs of its own, and in
+    float32 the two agree to ~1e-6). Resolved here, where it is read, so that the config keeps
+    `auto`.
     """
-    if cfg.sampler.async_rollout:
+    if cfg.sampler.max_staleness:
         return "sampler"
     if cfg.sampler.old_logp != "auto":
         return cfg.sampler.old_logp

@@ -71,6 +71,9 @@ class WorkerClients:
         self.clients = [HTTPVLLMWeightSyncClient(url, timeout) for url in urls]
         self.pool = ThreadPoolExecutor(max_workers=len(urls))
         self.ranks_per_worker = ranks_per_worker
+        # The version the push under way labels the weights with: vLLM tags each token it
+        # samples with the label of the weights that sampled it (its `weight_versions`).
+        self.label: str | None = None
 
     def _all(self, call) -> None:
         for f in [self.pool.submit(call, i, c) for i, c in enumerate(self.clients)]:
@@ -91,7 +94,8 @@ class WorkerClients:
         self._all(lambda i, c: c.update_weights(update_info))
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all(lambda i, c: c.finish_weight_update(weight_version))
+        label = weight_version if weight_version is not None else self.label
+        self._all(lambda i, c: c.finish_weight_update(label))
 
 
 class WeightPush:
@@ -101,14 +105,18 @@ class WeightPush:
     def __init__(self, urls: list[str], cfg: SamplerConfig, dtype: torch.dtype | None):
         self.urls, self.cfg, self.dtype = urls, cfg, dtype
         self.engine = None  # vLLM's learner-side transfer engine, once joined
+        self.clients: WorkerClients | None = None  # its control calls
         self.source: ParameterSource | None = None  # that of the latest push
 
-    def send(self, policy: torch.nn.Module) -> None:
-        """Push the policy's weights to every worker, joining them first if not yet joined."""
+    def send(self, policy: torch.nn.Module, version: int) -> None:
+        """Push the policy's weights to every worker, labelled `version`, joining them first
+        if not yet joined."""
         self.source = ParameterSource(policy, self.dtype)
         if self.engine is None:
             self.engine = self.connect(self.source)
         self.engine.source = self.source
+        if self.clients is not None:
+            self.clients.label = str(version)
         self.engine.send_weights()
 
     def connect(self, source: ParameterSource):
@@ -132,8 +140,8 @@ class WeightPush:
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
             init = NCCLTrainerInitInfo(**where)
-        clients = WorkerClients(self.urls, self.cfg.worker_timeout_s, per_worker)
-        return WeightTransferTrainerFactory.trainer_init(init, client=clients, source=source)
+        self.clients = WorkerClients(self.urls, self.cfg.worker_timeout_s, per_worker)
+        return WeightTransferTrainerFactory.trainer_init(init, client=self.clients, source=source)
 
     def transport_error(self, err: BaseException) -> bool:
         """Whether `err`, raised by a push, is the path to a worker breaking: an HTTP or socket

@@ -12,9 +12,12 @@ never uses workers catches `WorkerLost` without loading it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -50,8 +53,14 @@ def transport_error(err: BaseException) -> bool:
     return isinstance(err, (requests.RequestException, ConnectionError, TimeoutError))
 
 
-def worker_session() -> requests.Session:
-    """A requests session whose calls retry a worker's transient failures (urllib3's Retry)."""
+# Generate requests in flight per worker at most: every prompt of a step at once, and of the
+# steps streamed ahead of it (sampler.max_staleness); vLLM batches them.
+REQUESTS_PER_WORKER = 32
+
+
+def worker_session(connections: int = 10) -> requests.Session:
+    """A requests session whose calls retry a worker's transient failures (urllib3's Retry),
+    keeping up to `connections` open per worker."""
     retry = Retry(
         total=RETRIES,
         connect=RETRIES,
@@ -65,7 +74,7 @@ def worker_session() -> requests.Session:
     )
     session = requests.Session()
     for scheme in ("http://", "https://"):
-        session.mount(scheme, HTTPAdapter(max_retries=retry))
+        session.mount(scheme, HTTPAdapter(max_retries=retry, pool_maxsize=connections))
     return session
 
 
@@ -113,9 +122,9 @@ class WorkerClient:
 
     def __init__(self, urls: list[str], timeout: float, local=None):
         self.urls, self.timeout, self.local = urls, timeout, local
-        self.session = worker_session()
-        # Every prompt of a step is asked at once; a few requests in flight per worker.
-        self.pool = ThreadPoolExecutor(max_workers=max(4 * len(urls), 1))
+        self.session = worker_session(REQUESTS_PER_WORKER)
+        self.pool = ThreadPoolExecutor(max_workers=max(REQUESTS_PER_WORKER * len(urls), 1))
+        self.busy = BusyClock(len(urls))
 
     def check_workers(self) -> None:
         """WorkerLost unless every URL answers like a vLLM server (at most 60 s each)."""
@@ -134,11 +143,15 @@ class WorkerClient:
         k = len(self.urls)
         route = "inference/v1/generate"
         jobs = [
-            self.pool.submit(self.post, self.urls[i % k], route, body, i % k)
+            self.pool.submit(self._generate, self.urls[i % k], route, body, i % k)
             for i, body in enumerate(bodies)
         ]
         for i, job in enumerate(jobs):
             yield i % k, job.result()
+
+    def _generate(self, url: str, route: str, body: dict, worker: int) -> dict:
+        with self.busy.request(worker):
+            return self.post(url, route, body, worker)
 
     def read(self, worker: int, answer: dict, n: int, vocab: int, max_tokens: int):
         """`read_answer` of worker `worker`'s answer, what is wrong with it a WorkerLost."""
@@ -183,11 +196,81 @@ def vocab_size(model_path: str, tokenizer) -> int:
     return max(size, len(tokenizer))
 
 
-def read_answer(answer, n: int, vocab: int, max_tokens: int) -> list[tuple[list[int], bool, list]]:
+class BusyClock:
+    """How much of the time each worker had generate requests in flight, paused spans (a weight
+    push) not counted: `share()` since its last call, the mean over the workers."""
+
+    def __init__(self, workers: int):
+        self.lock = threading.Lock()
+        self.open = [0] * workers  # requests in flight per worker
+        self.busy = [0.0] * workers  # seconds with some in flight, since `since`
+        self.mark = [0.0] * workers  # when the span being counted began
+        self.paused = False
+        self.since = time.perf_counter()
+
+    def _counting(self, i: int) -> bool:
+        return self.open[i] > 0 and not self.paused
+
+    def _settle(self, now: float) -> None:
+        for i in range(len(self.open)):
+            if self._counting(i):
+                self.busy[i] += now - self.mark[i]
+            self.mark[i] = now
+
+    @contextlib.contextmanager
+    def request(self, worker: int):
+        with self.lock:
+            self._settle(time.perf_counter())
+            self.open[worker] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._settle(time.perf_counter())
+                self.open[worker] -= 1
+
+    def pause(self) -> None:
+        with self.lock:
+            self._settle(time.perf_counter())
+            self.paused = True
+
+    def resume(self) -> None:
+        with self.lock:
+            self._settle(time.perf_counter())
+            self.paused = False
+
+    def share(self) -> float:
+        with self.lock:
+            now = time.perf_counter()
+            self._settle(now)
+            wall = max(now - self.since, 1e-9)
+            share = sum(self.busy) / len(self.busy) / wall if self.busy else 0.0
+            self.busy, self.since = [0.0] * len(self.busy), now
+        return share
+
+
+def token_versions(spans, length: int) -> list[int] | None:
+    """The weight version that sampled each of a response's `length` tokens, from vLLM's
+    `weight_versions` spans ([{version, start, end}], the labels rlcli's pushes give:
+    `WeightPush.send`); None where the worker gave none, or a label that is not rlcli's."""
+    if not isinstance(spans, list) or not spans:
+        return None
+    versions = [-1] * length
+    for span in spans:
+        try:
+            version, start, end = int(span["version"]), int(span["start"]), int(span["end"])
+        except (KeyError, TypeError, ValueError):
+            return None  # e.g. "default": weights no push of rlcli's labelled
+        versions[max(start, 0) : min(end, length)] = [version] * (min(end, length) - max(start, 0))
+    return None if -1 in versions else versions
+
+
+def read_answer(answer, n: int, vocab: int, max_tokens: int) -> list[tuple]:
     """The `n` responses of a worker's generate answer as (token ids, truncated, log-prob of
-    each token), checked. Anything else is a ValueError saying what is wrong: an id past the
-    vocabulary would crash the learner, and log-probs one short, too many or NaN would train
-    on wrong numbers (the ratio and the KL are made from them token by token)."""
+    each token, the weight version of each token or None), checked. Anything else is a
+    ValueError saying what is wrong: an id past the vocabulary would crash the learner, and
+    log-probs one short, too many or NaN would train on wrong numbers (the ratio and the KL
+    are made from them token by token)."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list):
         raise ValueError(f"the answer has no list of choices ({_short(answer)})")
@@ -224,7 +307,8 @@ def read_answer(answer, n: int, vocab: int, max_tokens: int) -> list[tuple[list[
                 raise ValueError(
                     f"the log-prob of token {k} of a response is {logp!r}, not a finite number"
                 )
-        responses.append((tokens, finish == "length", [float(x) for x in logps]))
+        versions = token_versions(choice.get("weight_versions"), len(tokens))
+        responses.append((tokens, finish == "length", [float(x) for x in logps], versions))
     return responses
 
 

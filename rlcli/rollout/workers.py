@@ -11,10 +11,17 @@ are split over the workers, each asked through vLLM's token-in/token-out route
 multi-turn episode (env=...) asks there for each of its turns (`turns`).
 After each optimiser step `sync` pushes the weights (`WeightPush`).
 
-With `sampler.async_rollout=true` the step asks for the next batch (`prefetch`) before it
-learns, so the workers generate while the learner trains; `sync` first waits for that
-batch, then pushes. The batch a step learns from is then one update old (staleness 1),
-never more, and the objective weighs it with the sampler's log-probs.
+Every push labels the weights with a version (the pushes so far: 0 at setup) and vLLM tags
+each sampled token with the label of the weights that sampled it, so every response comes
+with the version of each of its tokens (`Rollout.token_versions`).
+
+With `sampler.max_staleness=k` >= 1 the workers keep generating while the learner trains
+(`collect.stream` asks for the next steps' batches ahead), and each push is made in flight:
+every worker pauses between two decode steps keeping its requests (vLLM's
+`/pause?mode=keep`), takes the new weights, recomputes the kept requests' cached keys and
+values with them (`/reset_prefix_cache?reset_running_requests=true`) and resumes, so a
+response may span several versions and each of its tokens was sampled, given all the tokens
+before it, by the weights its version names.
 
 A worker that dies, stops answering or answers nonsense is a `WorkerLost` naming it; the
 training loop saves the last completed step before it reports it. Only errors of the path to
@@ -24,8 +31,6 @@ the workers become one (`_guard`): a bug of the learner's propagates as itself.
 from __future__ import annotations
 
 import contextlib
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -64,12 +69,9 @@ class WorkerSampler:
         self.urls = distributed.from_main(urls)  # under torchrun every rank samples from them
         self.client = WorkerClient(self.urls, cfg.worker_timeout_s, self.local)
         self.weights = WeightPush(self.urls, cfg, weights_dtype)
+        self.in_flight = cfg.max_staleness > 0  # pushes made while the workers generate
         self.calls = 0
-        self.waited = 0.0
-        self.staleness = 0  # updates between the weights that sampled the last batch and now
-        self.version = 0  # weight updates pushed so far
-        self.pending: tuple[tuple, Future] | None = None  # (request, batch) of a prefetch
-        self.background = ThreadPoolExecutor(max_workers=1)
+        self.version = -1  # the label of the weights pushed last: pushes so far, less one
         if self.local is not None:
             self.local.wait_ready(cfg.worker_timeout_s)
         elif distributed.is_main():
@@ -83,18 +85,15 @@ class WorkerSampler:
         self.calls = state["calls"]
 
     def metrics(self) -> dict[str, float]:
-        # time/rollout_wait: how long the step's weight push waited for the batch that the
-        # workers were generating ahead (part of time/sync).
-        return {"rollout/staleness": float(self.staleness), "time/rollout_wait": self.waited}
+        # The share of the time since the last call during which the workers had requests
+        # (paused ones not counted), the mean over workers: generation's side of the overlap.
+        return {"rollout/generating_share": self.client.busy.share()}
 
     def sync(self, policy: torch.nn.Module) -> None:
-        """Push the learner's weights to every worker (after any batch still in flight)."""
-        begin = time.perf_counter()
-        if self.pending is not None:
-            self.pending[1].exception()  # wait; its errors surface when it is taken
-        self.waited = time.perf_counter() - begin
-        self._guard(self._push, policy, lost_on=self.weights.transport_error)
-        self.version += 1
+        """Push the learner's weights to every worker as the next version (in flight with
+        sampler.max_staleness >= 1: the workers' requests pause for it and then go on)."""
+        self._guard(self._push, policy, self.version + 1, lost_on=self.weights.transport_error)
+        self.version += 1  # once every worker holds it
 
     def sample(
         self,
@@ -106,26 +105,14 @@ class WorkerSampler:
         seed: int | None = None,
         top_p: float | None = None,
     ) -> Rollout:
-        """`group_size` responses per prompt: the prefetched batch if it was asked for these
-        prompts, else sampled now. `seed` is not passed on: vLLM's per-request generators
-        are not reliable on CPU, so worker samples are not reproducible run to run."""
-        request = (tuple(prompt_ids), group_size, temperature, top_p)
-        if self.pending is not None and self.pending[0] == request:
-            future, self.pending = self.pending[1], None
-            rollout, version = self._guard(future.result)
-        else:
-            rollout, version = self._guard(
-                self._sample, prompts, group_size, prompt_ids, answers, temperature, top_p
-            )
+        """`group_size` responses per prompt. `seed` is not passed on: vLLM's per-request
+        generators are not reliable on CPU, so worker samples are not reproducible run to run.
+        Safe to call from another thread while this one pushes (`collect.stream`)."""
+        rollout = self._guard(
+            self._sample, prompts, group_size, prompt_ids, answers, temperature, top_p
+        )
         self.calls += seed is None
-        self.staleness = self.version - version
         return rollout
-
-    def prefetch(self, prompts, group_size, prompt_ids, answers) -> None:
-        """Start sampling the next step's batch now, with the weights the workers hold."""
-        request = (tuple(prompt_ids), group_size, None, None)  # as `sample` keys it
-        job = self.background.submit(self._sample, prompts, group_size, prompt_ids, answers, None)
-        self.pending = (request, job)
 
     def close(self) -> None:
         if self.local is not None:
@@ -153,37 +140,53 @@ class WorkerSampler:
         ]
         turns = []
         for (worker, answer), budget in zip(self.client.generate(bodies), budgets, strict=True):
-            [(tokens, cut, logps)] = self.client.read(worker, answer, 1, self.vocab, budget)
+            [(tokens, cut, logps, versions)] = self.client.read(
+                worker, answer, 1, self.vocab, budget
+            )
             reason = answer["choices"][0].get("stop_reason")  # the stop string, if one ended it
             end = "length" if cut else "call" if reason in stop else "eos"
-            turns.append(Turn(tokens, logps, end))
+            turns.append(Turn(tokens, logps, end, versions))
         return turns
 
     # -- the work ---------------------------------------------------------------------------
-    def _push(self, policy: torch.nn.Module) -> None:
-        self.weights.send(policy)
+    def _push(self, policy: torch.nn.Module, version: int) -> None:
+        main = distributed.is_main()
+        if self.in_flight and main:
+            self.client.busy.pause()
+            for url in self.urls:  # between two decode steps, the requests kept
+                self.client.post(url, "pause?mode=keep", None)
+        self.weights.send(policy, version)
         # Other ranks are done once their gathers are; they must not sample before rank 0
         # has finished the update (the workers' model is half-loaded until then).
         distributed.barrier()
-        if distributed.is_main():
-            for url in self.urls:  # cached keys/values came from the old weights
-                self.client.post(url, "reset_prefix_cache", None)
+        if main:
+            # Cached keys/values came from the old weights; those of requests under way too,
+            # which are recomputed with the new ones when they go on.
+            reset = "reset_prefix_cache" + (
+                "?reset_running_requests=true" if self.in_flight else ""
+            )
+            for url in self.urls:
+                self.client.post(url, reset, None)
+        if self.in_flight and main:
+            for url in self.urls:
+                self.client.post(url, "resume", None)
+            self.client.busy.resume()
 
     def _sample(self, prompts, group_size, prompt_ids, answers, temperature, top_p=None):
         c = self.cfg
-        version = self.version
         encoded = encode_prompts(self.tokenizer, prompts, c)
         params = sampling_settings(c, group_size, self.eos_ids, temperature, top_p)
         bodies = [{"token_ids": ids, "sampling_params": params} for ids in encoded]
-        prompt_tokens, responses, truncated, logps = [], [], [], []
+        prompt_tokens, responses, truncated, logps, versions = [], [], [], [], []
         for ids, (worker, answer) in zip(encoded, self.client.generate(bodies), strict=True):
             choices = self.client.read(worker, answer, group_size, self.vocab, c.max_new_tokens)
-            for tokens, cut, token_logps in choices:
+            for tokens, cut, token_logps, token_versions in choices:
                 prompt_tokens.append(ids)
                 responses.append(tokens)
                 truncated.append(cut)
                 logps.append(token_logps)
-        rollout = rollout_from_tokens(
+                versions.append(token_versions)
+        return rollout_from_tokens(
             prompt_tokens,
             responses,
             texts=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
@@ -193,8 +196,8 @@ class WorkerSampler:
             answers=[a for a in answers for _ in range(group_size)],
             truncated=truncated,
             sampler_logp=logps,
+            versions=None if None in versions else versions,
         )
-        return rollout, version
 
     def _guard(self, call, *args, lost_on=transport_error):
         """`call(*args)`, with the path to a worker breaking reported as WorkerLost: only the

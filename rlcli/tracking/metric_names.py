@@ -144,8 +144,22 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
                "tokens.", "sampler=vllm"),
         Metric("rollout/kl", "KL(sampler || learner) by k3 on the sampled tokens.",
                "sampler=vllm"),
-        Metric("rollout/staleness", "Optimiser steps between the weights that sampled the "
-               "batch and the learner's.", "sampler.workers or sampler.urls"),
+        Metric("rollout/is_capped", "Share of tokens whose behaviour weight exceeded "
+               "sampler.tis_cap (truncated or masked, sampler.is_correction).",
+               "sampler.old_logp=sampler"),
+        Metric("rollout/staleness_mean", "Weight updates between the weights that sampled each "
+               "trained token and the learner's, the mean over tokens.",
+               "sampler.workers or sampler.urls"),
+        Metric("rollout/staleness_max", "The same, the oldest token's (at most "
+               "sampler.max_staleness).", "sampler.workers or sampler.urls"),
+        Metric("rollout/staleness_<k>", "Share of trained tokens k updates old, k = 0 .. "
+               "sampler.max_staleness (the histogram curves.png draws).",
+               "sampler.workers or sampler.urls"),
+        Metric("rollout/versions_per_response", "Weight versions a response spans, the mean "
+               "(above 1: new weights arrived mid-response).", "sampler.workers or sampler.urls"),
+        Metric("rollout/generating_share", "Share of the time since the last step's row during "
+               "which the workers had requests (a push's pause not counted), the mean over "
+               "workers.", "sampler.workers or sampler.urls"),
     )),
     MetricGroup("env/", "Multi-turn episodes with tools.", (
         Metric("env/turns_mean", "Model turns per episode.", "env=..."),
@@ -181,8 +195,8 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
         Metric("time/advantages", "Advantages (and the critic's values)."),
         Metric("time/learn", "The policy's (and critic's) updates."),
         Metric("time/sync", "Pushing the new weights to the sampler."),
-        Metric("time/rollout_wait", "How long the weight push waited for the batch the "
-               "workers were sampling.", "sampler.workers or sampler.urls"),
+        Metric("time/rollout_wait", "How long the step waited for a batch the workers were "
+               "sampling ahead (part of time/sample; 0 unless sampler.max_staleness >= 1)."),
     )),
     MetricGroup("throughput/", "Speed (summed over ranks).", (
         Metric("throughput/tokens_per_s", "Response tokens sampled per second of step time."),

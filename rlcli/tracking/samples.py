@@ -6,7 +6,9 @@ reward and each reward component, the response's length in tokens, and its advan
 for a response the step did not train on, such as a group DAPO's dynamic sampling dropped).
 With tools (env=...) the response is the model's own words and `episode` holds the whole
 episode: its turns in order (the model's text; each call's tool, input, output and errors),
-whether each turn trained, and the counts of trained and context (tool turn) tokens.
+whether each turn trained, and the counts of trained and context (tool turn) tokens. With
+rollout workers `policy_versions` lists the weight versions that sampled the response's
+tokens (more than one when new weights arrived mid-response, sampler.max_staleness >= 1).
 Every `logger.print_samples_every` steps (0 = never) the first few of them are printed as a
 table above the progress bar, as TRL's `log_completions` does (with tools, with the number of
 calls each episode made).
@@ -47,6 +49,8 @@ def sample_rows(step: int, samples: Sequence, advantages: dict) -> list[dict]:
         })  # fmt: skip
         if s.episode is not None:
             rows[-1]["episode"] = s.episode
+        if s.versions is not None:  # the policy versions it spans (rollout workers)
+            rows[-1]["policy_versions"] = s.versions
     return rows
 
 

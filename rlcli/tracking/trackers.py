@@ -47,6 +47,7 @@ class ScoredSample:
     components: dict = dataclasses.field(default_factory=dict)  # each component's own score
     length: int = 0  # response tokens
     episode: dict | None = None  # env=...: the whole episode (`env.episode.Episode.transcript`)
+    versions: list[int] | None = None  # rollout workers: the weight versions its tokens span
 
 
 class RecordingScorer:
@@ -75,6 +76,7 @@ class RecordingScorer:
                     {name: values[i] for name, values in parts.items()},
                     s.length,
                     s.episode,
+                    s.versions,
                 )
                 for i, (s, reward) in enumerate(zip(samples, scores.total.tolist(), strict=True))
             ]

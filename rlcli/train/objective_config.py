@@ -279,6 +279,7 @@ def objective_from_config(algo: AlgoConfig, sampler: SamplerConfig, norm_len: in
         top_entropy=algo.top_entropy,
         temperature=sampler.temperature,
         tis_cap=sampler.tis_cap if sampler.old_logp == "sampler" else None,
+        is_correction=sampler.is_correction,
     )
 
 

@@ -187,6 +187,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         ),
         greedy="greedy" in estimator.needs,
         rng=rng,
+        max_staleness=cfg.sampler.max_staleness,
         rank=distributed.rank(),
         world=world,
     )
@@ -264,8 +265,12 @@ def load_policy(cfg: Config, model_path: str, device, checkpoint: Path | None):
 
 def run_state(run: Run) -> tuple[dict, dict]:
     """(JSON state, tensor state dicts) that `restore` needs to continue the run exactly."""
+    # Rounds the workers sample ahead (sampler.max_staleness) are not saved: the checkpoint's
+    # position is before them, so a resumed run samples their problems again.
+    position, ahead = run.collector.resume_position()
     state = {
-        "data_position": run.prompts.position,
+        "data_position": position,
+        "rounds_ahead_discarded": ahead,
         "beta": run.beta,
         "sas": run.sas.state_dict(),
         "rng": rng_state(),
@@ -303,6 +308,12 @@ def restore(run: Run, checkpoint: Path) -> None:
     if state.get("config", {}).get("algo", {}).get("beta", run.cfg.algo.beta) != run.cfg.algo.beta:
         run.beta = run.cfg.algo.beta
     run.prompts.position = state["data_position"]
+    if (ahead := state.get("rounds_ahead_discarded", 0)) and distributed.is_main():
+        print(
+            f"rlcli: the {ahead} round(s) of groups the workers were sampling ahead when step "
+            f"{run.step} was saved are not in the checkpoint (sampler.max_staleness): their "
+            "problems are sampled again, with the saved weights."
+        )
     run.sas.load_state_dict(state["sas"])
     set_python_rng_state(run.rng, state["run_rng"])
     run.sampler.load_state_dict(state["sampler"])

@@ -77,9 +77,8 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     their mean over the response), for samples.jsonl."""
     t = run.cfg.trainer
     start = time.perf_counter()
-    rollout, scores, metrics = run.collector.next_batch()
-    if run.cfg.sampler.async_rollout and run.step + 1 < t.max_steps:
-        run.collector.prefetch()  # the workers sample the next batch while this one trains
+    # With sampler.max_staleness the workers sample the next steps' batches while this one trains.
+    rollout, scores, metrics = run.collector.next_batch(steps_after=t.max_steps - run.step - 1)
     sampled = time.perf_counter()
     lengths = rollout.lengths.float()  # response tokens, tool turns left out
     rollout = left_out_of_the_loss(rollout, scores, run.cfg.algo.overlong_filter)
@@ -118,6 +117,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
         "nonfinite/skipped_updates": sum(m["nonfinite/skipped_updates"] for m in epochs),
         "kl/beta": run.beta,
         "actor/lr": lr,
+        # Sampling now, or waiting for a batch sampled ahead (time/rollout_wait, within it).
         "time/sample": sampled - start - metrics["time/reward"],
         "time/logprobs": logprobs_done - sampled,
         "time/advantages": scored - logprobs_done,
