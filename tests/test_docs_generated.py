@@ -95,8 +95,11 @@ NOT_IN_THESE_RUNS = {
     **{
         name: "rollout workers (sampler.workers, sampler.urls)"
         for name in (
-            "rollout/staleness_mean", "rollout/staleness_max", "rollout/staleness_<k>",
-            "rollout/versions_per_response", "rollout/generating_share",
+            "rollout/staleness_mean",
+            "rollout/staleness_max",
+            "rollout/staleness_<k>",
+            "rollout/versions_per_response",
+            "rollout/generating_share",
         )
     },
     "reward/log_only_errors": "a reward.weights entry of 0",
