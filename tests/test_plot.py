@@ -53,3 +53,20 @@ def test_rlcli_plot_draws_what_the_run_drew(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"rlcli: curves in {tmp_path / 're.png'}"
     assert (tmp_path / "re.png").read_bytes() == curves.read_bytes()
+
+
+def test_a_streamed_run_draws_its_staleness_histogram(tmp_path):
+    # sampler.max_staleness=2: step 1 fresh, then tokens 1 and 2 updates old.
+    shares = [(1.0, 0.0, 0.0), (0.0, 0.6, 0.4), (0.0, 0.2, 0.8)]
+    streamed = [
+        {"step": s, "reward/mean": 0.1, **{f"rollout/staleness_{k}": v for k, v in enumerate(row)}}
+        for s, row in enumerate(shares, start=1)
+    ]
+    synchronous = [{"step": s, "reward/mean": 0.1, "rollout/staleness_0": 1.0} for s in (1, 2)]
+    histogram = [p for p, _ in drawn_panels({"streamed": streamed}) if p.stacked]
+    assert [p.keys for p in histogram] == [("rollout/staleness_0",)]
+    assert not [p for p, _ in drawn_panels({"sync": synchronous}) if p.stacked]  # nothing moves
+    # Several runs: stacked areas would hide each other, so the panel is left out.
+    assert not [p for p, _ in drawn_panels({"a": streamed, "b": streamed}) if p.stacked]
+    out = plot_runs([write_run(tmp_path / "run", streamed)], tmp_path / "curves.png")
+    assert out.stat().st_size > 10_000

@@ -32,6 +32,9 @@ class Panel:
     extra: tuple[str, ...] = ()
     # Drawn only for a run whose values change: a constant learning rate is no news.
     varying: bool = False
+    # Shares that sum to 1, drawn stacked: the metrics named this prefix and a number
+    # (rollout/staleness_0, _1, ...), for one run at a time.
+    stacked: str | None = None
 
 
 REWARD = Panel(("reward/mean", "reward/accuracy"))  # DPO logs the accuracy of its pairs
@@ -52,6 +55,9 @@ PANELS = (
     Panel(("actor/lr",), varying=True),  # trainer.warmup_steps, trainer.lr_scheduler
     # env=...: tool calls in each step's episodes, and the failed ones.
     Panel(("env/tool_calls",), extra=("env/tool_errors",)),
+    # Rollout workers streaming ahead (sampler.max_staleness): the share of trained tokens
+    # 0, 1, 2, ... updates old, each step.
+    Panel(("rollout/staleness_0",), varying=True, stacked="rollout/staleness_"),
 )
 
 Runs = dict[str, list[dict]]  # label -> rows of metrics.jsonl
@@ -89,6 +95,8 @@ def drawn_panels(runs: Runs, panels=PANELS) -> list[tuple[Panel, dict[str, str]]
     """The panels some run has, each with {label: key} of the runs drawn in it."""
     drawn = []
     for panel in panels:
+        if panel.stacked is not None and len(runs) > 1:
+            continue  # stacked areas of several runs would hide each other
         keys = {label: panel_key(panel, rows) for label, rows in runs.items()}
         keys = {label: key for label, key in keys.items() if key}
         if keys:
@@ -123,6 +131,26 @@ def draw_line(ax, rows: list[dict], key: str, style: dict, sparse: bool) -> None
     ax.plot(steps, values, marker=marker, markersize=3, **style)
 
 
+def draw_stacked(ax, rows: list[dict], prefix: str) -> None:
+    """The shares named `prefix` and a number, stacked against the step (a histogram per step)."""
+    from matplotlib.ticker import MaxNLocator
+
+    names = sorted(
+        {k for row in rows for k in row if k.startswith(prefix) and k[len(prefix) :].isdigit()},
+        key=lambda k: int(k[len(prefix) :]),
+    )
+    steps = [row["step"] for row in rows if names[0] in row]
+    shares = [[row.get(k, 0.0) for row in rows if names[0] in row] for k in names]
+    labels = [k[len(prefix) :] for k in names]
+    ax.stackplot(steps, shares, labels=labels, step="mid")
+    ax.legend(title="updates old", fontsize="small", loc="lower left")
+    ax.set_title(f"{prefix}k (share of trained tokens)")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
+
 def draw_panel(
     ax, runs: Runs, keys: dict[str, str], styles: dict[str, dict], panel: Panel = REWARD
 ) -> None:
@@ -131,6 +159,9 @@ def draw_panel(
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
+    if panel.stacked is not None:
+        draw_stacked(ax, runs[next(iter(keys))], panel.stacked)
+        return
     extra = [k for k in panel.extra if any(has_values(runs[label], k) for label in keys)]
     for label, key in keys.items():
         draw_line(ax, runs[label], key, styles[label], panel.sparse)
