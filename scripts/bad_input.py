@@ -647,10 +647,10 @@ def worker_killed_in_the_weight_push(tmp: Path) -> str | None:
     samplers, pushes = [], []
     push, parameters = WorkerSampler._push, ParameterSource.__iter__
 
-    def counted_push(self, policy):
+    def counted_push(self, policy, version):
         samplers.append(self)
         pushes.append(len(pushes) + 1)  # 1: the setup's, then one per step
-        return push(self, policy)
+        return push(self, policy, version)
 
     def dying_parameters(self):
         for k, named in enumerate(parameters(self)):

@@ -34,15 +34,61 @@ def step_seconds(generate: float, learn: float, push: float, max_staleness: int)
 class Cluster:
     gpus: int  # on the node, split between workers and learner ranks
     generate_tokens_per_s: float  # one worker GPU's decode throughput at the batch's size
-    learn_tokens_per_s: float  # one learner GPU's tokens through all of a step's passes
+    learn_tokens_per_s: float  # one learner GPU's tokens (prompt + response) through a step
     push_s: float  # one weight push
 
 
 def cluster_step(
-    cluster: Cluster, worker_gpus: int, tokens: float, max_staleness: int
+    cluster: Cluster, worker_gpus: int, generated: float, learned: float, max_staleness: int
 ) -> tuple[float, float, float]:
-    """(generate, learn, step) seconds of a step that samples and trains `tokens` response
-    tokens with `worker_gpus` of the node's GPUs generating and the others learning."""
-    generate = tokens / (cluster.generate_tokens_per_s * worker_gpus)
-    learn = tokens / (cluster.learn_tokens_per_s * (cluster.gpus - worker_gpus))
+    """(generate, learn, step) seconds of a step that generates `generated` response tokens and
+    trains on `learned` tokens (prompts and responses), with `worker_gpus` of the node's GPUs
+    generating and the others learning; `worker_gpus` = 0: colocated, every GPU generating and
+    then learning (verl's hybrid engine, rlcli's default sampler), synchronous."""
+    if worker_gpus == 0:
+        generate = generated / (cluster.generate_tokens_per_s * cluster.gpus)
+        learn = learned / (cluster.learn_tokens_per_s * cluster.gpus)
+        return generate, learn, step_seconds(generate, learn, cluster.push_s, 0)
+    generate = generated / (cluster.generate_tokens_per_s * worker_gpus)
+    learn = learned / (cluster.learn_tokens_per_s * (cluster.gpus - worker_gpus))
     return generate, learn, step_seconds(generate, learn, cluster.push_s, max_staleness)
+
+
+def table(cluster: Cluster, generated: float, learned: float, staleness: int) -> list[str]:
+    """Markdown rows: each split of the node's GPUs, synchronous and streamed."""
+    rows = ["| shape | generate s | learn s | step s, synchronous | step s, max_staleness="
+            f"{staleness} |", "|---|---|---|---|---|"]  # fmt: skip
+    for workers in range(cluster.gpus):
+        shape = (
+            f"colocated on {cluster.gpus}"
+            if workers == 0
+            else f"{workers} worker GPUs, {cluster.gpus - workers} learner"
+        )
+        generate, learn, sync = cluster_step(cluster, workers, generated, learned, 0)
+        streamed = (
+            "-"
+            if workers == 0
+            else f"{step_seconds(generate, learn, cluster.push_s, staleness):.1f}"
+        )
+        rows.append(f"| {shape} | {generate:.1f} | {learn:.1f} | {sync:.1f} | {streamed} |")
+    return rows
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The step-time model's table for one node.")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--generate-tokens-per-s", type=float, required=True)
+    parser.add_argument("--learn-tokens-per-s", type=float, required=True)
+    parser.add_argument("--push-s", type=float, required=True)
+    parser.add_argument("--generated", type=float, required=True, help="response tokens a step")
+    parser.add_argument("--learned", type=float, required=True, help="all tokens a step trains")
+    parser.add_argument("--staleness", type=int, default=2)
+    args = parser.parse_args()
+    cluster = Cluster(args.gpus, args.generate_tokens_per_s, args.learn_tokens_per_s, args.push_s)
+    print("\n".join(table(cluster, args.generated, args.learned, args.staleness)))
+
+
+if __name__ == "__main__":
+    main()
