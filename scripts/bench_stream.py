@@ -13,7 +13,8 @@ k ahead runs k more, not counted: the worker idles through them): the step's med
 and range; the worker's share of the time generating (rollout/generating_share); the
 learner's share computing (log-probs, rewards, advantages, update), waiting for a batch
 (time/sample: for max_staleness 0 the whole sampling, otherwise the wait for a batch
-sampled ahead) and pushing (time/sync); response tokens per second; and the step time the
+sampled ahead) and pushing (time/sync); response tokens per second, per step and over the
+counted steps together; and the step time the
 model of scripts/step_time.py predicts from the synchronous run's phases.
 """
 
@@ -82,6 +83,13 @@ def share(rows: list[dict], key) -> str:
     return f"{statistics.median(key(r) for r in rows):.0%}"
 
 
+def whole_run(rows: list[dict]) -> float:
+    """Response tokens per second over the counted steps together: their tokens over their
+    time (the steps' own rates vary with their responses' lengths)."""
+    tokens = sum(r["throughput/tokens_per_s"] * r["time/step"] for r in rows)
+    return tokens / sum(r["time/step"] for r in rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4])
@@ -115,8 +123,8 @@ def main() -> None:
         print(f"measured apart (max_staleness=0): generate {generate:.2f} s, learn {learn:.2f} s,"
               f" push {push:.2f} s")  # fmt: skip
     print("| max_staleness | step s | predicted s | worker generating | learner computing "
-          "| learner waiting | pushing | tokens/s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "| learner waiting | pushing | tokens/s, per step | tokens/s, whole run |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for k, rows in runs.items():
         predicted = f"{step_seconds(generate, learn, push, k):.2f}" if sync is not None else "-"
         print(
@@ -125,7 +133,7 @@ def main() -> None:
             f"| {share(rows, lambda r: computing(r) / r['time/step'])} "
             f"| {share(rows, lambda r: r['time/sample'] / r['time/step'])} "
             f"| {share(rows, lambda r: r['time/sync'] / r['time/step'])} "
-            f"| {spread([r['throughput/tokens_per_s'] for r in rows])} |"
+            f"| {spread([r['throughput/tokens_per_s'] for r in rows])} | {whole_run(rows):.1f} |"
         )
 
 
