@@ -151,10 +151,6 @@ class Collector:
             return self.prompts.position, 0
         return oldest, len(self.ahead.queue)
 
-    def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.close()
-
     def next_batch(self, steps_after: int = 0) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
         """The step's batch of P groups, shaped (DAPO: at most `max_gen_batches` rounds, then
         the groups found, and an error only if there are none), its scores and metrics.
