@@ -123,3 +123,20 @@ def test_a_workers_weight_versions_become_one_per_token():
     }
     [(tokens, cut, logps, versions)] = read_answer({"choices": [choice]}, 1, 100, 16)
     assert (tokens, cut, logps, versions) == ([7, 8], False, [-0.5, -1.0], [0, 1])
+
+
+def test_the_busy_clock_counts_requests_in_flight_but_not_a_pushs_pause():
+    import time
+
+    from rlcli.rollout.worker_client import BusyClock
+
+    clock = BusyClock(1)
+    time.sleep(0.2)  # idle
+    with clock.request(0):
+        time.sleep(0.3)  # generating
+    assert 0.3 < clock.share() < 0.8  # about 0.6; sleeps only ever overshoot
+    with clock.request(0):
+        clock.pause()  # a push: requests kept, nothing generated
+        time.sleep(0.4)
+        clock.resume()
+    assert clock.share() < 0.2
