@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcli.collect.sampling import score_rollout
+from rlcli.collect.sampling import sample_problems, score_rollout
 from rlcli.collect.shaping import dupo_fill, filter_values, group_rows, informative_groups
 from rlcli.collect.stream import RoundsAhead
 from rlcli.config import ConfigError
@@ -67,7 +67,7 @@ def staleness_metrics(batch: Rollout, version: int, max_staleness: int) -> dict[
     tokens = (batch.response_mask > 0) & (batch.token_versions >= 0)
     staleness = (version - batch.token_versions)[tokens].float()
     n = max(staleness.numel(), 1)
-    spans = [len(set(row[row >= 0].tolist())) for row in batch.token_versions.cpu()]
+    spans = [len(versions) for versions in batch.spanned_versions]
     metrics = {
         "rollout/staleness_mean": float(staleness.sum()) / n,
         "rollout/staleness_max": float(staleness.max()) if staleness.numel() else 0.0,
@@ -120,13 +120,10 @@ class Collector:
 
     def _sample(self, problems: list[Problem]) -> tuple[Rollout, Rollout | None]:
         """A group per problem, and ReMax's greedy reply to each when it needs them."""
-        prompts = [self.render(p.question) for p in problems]
-        ids, answers = [p.id for p in problems], [p.answer for p in problems]
-        batch = self.sampler.sample(prompts, self.G, ids, answers)
-        greedy = (
-            self.sampler.sample(prompts, 1, ids, answers, temperature=0.0) if self.greedy else None
-        )
-        return batch, greedy
+        batch = sample_problems(self.sampler, self.render, problems, self.G)
+        if not self.greedy:
+            return batch, None
+        return batch, sample_problems(self.sampler, self.render, problems, 1, temperature=0.0)
 
     def _round(self) -> tuple[Rollout, Scores]:
         """One generation round, scored: sampled now, or taken from the rounds sampled ahead."""

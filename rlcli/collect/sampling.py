@@ -1,7 +1,7 @@
 """Sampling and scoring together, for training and for the commands that only sample.
 
-`sample_and_score` samples a group per problem and scores every response (`score_rollout`, the
-scoring alone, for a batch sampled ahead: `collect.stream`); `scored_chunks`
+`sample_and_score` samples a group per problem (`sample_problems`) and scores every response
+(`score_rollout`, the scoring alone, for a batch sampled ahead: `collect.stream`); `scored_chunks`
 does so over a whole problem list, chunk by chunk (what `rlcli eval`, `filter` and `pairs`
 iterate over); `frozen_sampling` sets up the scorer, prompt renderer and sampler those commands
 use on a model they do not train.
@@ -38,12 +38,20 @@ def sample_and_score(
 
     `temperature`, `seed` and `top_p` replace the training stream's for this call
     (evaluation)."""
-    prompts = [render(p.question) for p in problems]
-    ids, answers = [p.id for p in problems], [p.answer for p in problems]
-    batch = sampler.sample(
-        prompts, group, ids, answers, temperature=temperature, seed=seed, top_p=top_p
+    batch = sample_problems(
+        sampler, render, problems, group, temperature=temperature, seed=seed, top_p=top_p
     )
     return score_rollout(scorer, render, problems, group, batch)
+
+
+def sample_problems(
+    sampler: Sampler, render: PromptRenderer, problems: list[Problem], group: int, **options
+) -> Rollout:
+    """A group of `group` responses per problem, its prompt rendered; `options` (temperature,
+    seed, top_p) as `Sampler.sample` takes them."""
+    prompts = [render(p.question) for p in problems]
+    ids, answers = [p.id for p in problems], [p.answer for p in problems]
+    return sampler.sample(prompts, group, ids, answers, **options)
 
 
 def score_rollout(
@@ -67,8 +75,7 @@ def score_rollout(
     if batch.episodes is not None:  # env=...: each episode's transcript, for samples.jsonl
         episodes = zip(samples, batch.episodes, strict=True)
         samples = [dataclasses.replace(s, episode=e) for s, e in episodes]
-    if batch.token_versions is not None:  # rollout workers: the weights each response spans
-        spans = [sorted(set(row[row >= 0].tolist())) for row in batch.token_versions.cpu()]
+    if (spans := batch.spanned_versions) is not None:  # rollout workers: the weights it spans
         samples = [dataclasses.replace(s, versions=v) for s, v in zip(samples, spans, strict=True)]
     scores = scorer(samples)
     if scores.steps is not None:  # process reward: each step's score at its last token

@@ -60,6 +60,14 @@ class Rollout:
     def lengths(self) -> Tensor:  # [B]
         return self.response_mask.sum(-1)
 
+    @property
+    def spanned_versions(self) -> list[list[int]] | None:
+        """The weight versions each response's tokens were sampled by, oldest first; None
+        without `token_versions`."""
+        if self.token_versions is None:
+            return None
+        return [sorted(set(row[row >= 0].tolist())) for row in self.token_versions.cpu()]
+
 
 def rollout_from_tokens(
     prompts: list[list[int]],

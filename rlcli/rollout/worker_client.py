@@ -261,7 +261,8 @@ def token_versions(spans, length: int) -> list[int] | None:
             version, start, end = int(span["version"]), int(span["start"]), int(span["end"])
         except (KeyError, TypeError, ValueError):
             return None  # e.g. "default": weights no push of rlcli's labelled
-        versions[max(start, 0) : min(end, length)] = [version] * (min(end, length) - max(start, 0))
+        start, end = max(start, 0), min(end, length)
+        versions[start:end] = [version] * max(end - start, 0)
     return None if -1 in versions else versions
 
 
