@@ -215,7 +215,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
 
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.free_form import settable
-    from rlcli.config.overrides import check_overrides, check_syntax
+    from rlcli.config.overrides import check_overrides, check_syntax, read_dashed
     from rlcli.lifecycle.run_dir import claim
     from rlcli.recipes import check_recipe_choices, register_recipes
     from rlcli.validate import with_default_sampler
@@ -229,6 +229,9 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
         return
     asks_help, topic, argv = help_request(argv)
     try:
+        argv, read = read_dashed(argv)  # TRL's style, --learning_rate=1e-6, as key=value
+        if read and os.environ.get("RANK", "0") == "0":
+            print(f"rlcli: read {', '.join(read)}", file=sys.stderr)
         check_syntax(split_flags(argv)[1])
         check_recipe_choices(argv)
         check_overrides(argv)

@@ -8,8 +8,10 @@ import json
 import time
 from pathlib import Path
 
-from rlcli.config import Config
+from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
+from rlcli.lifecycle.checkpoint import checkpoint_at, damage
+from rlcli.runtime.models import launch_dir
 from rlcli.train.held_out import EVAL_SAMPLES_FILE, EVAL_SEED, evaluate, write_eval_samples
 
 
@@ -23,12 +25,11 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
     seed_everything(t.seed)
     _, test = load_splits(cfg.data)
     if not test:
-        from rlcli.config import ConfigError
-
         raise ConfigError(
             f"data={cfg.data.name} has no held-out problems to evaluate on: set "
             "data.num_test (or data.test_path)."
         )
+    newest_checkpoint_of_a_run(cfg)
     scorer, model_path, render, sampler = frozen_sampling(cfg, test)
     n = min(len(test), cfg.eval.max_problems or len(test))
     print(f"rlcli: evaluating {model_path} on {n} held-out problems of data={cfg.data.name}")
@@ -64,3 +65,24 @@ def evaluate_model(cfg: Config, run_dir: Path) -> dict:
     print(f"rlcli: wrote {run_dir / 'eval.json'}")
     print(f"rlcli: each problem's replies, rewards and correctness in {samples}")
     return report
+
+
+def newest_checkpoint_of_a_run(cfg: Config) -> None:
+    """`model.path=<run dir>`, as `rlcli export` takes it: the run's newest checkpoint is the
+    model evaluated (model.path is set to it). A model directory, a hub id or a path that is
+    neither is left to `resolve_model_path`, which says what is wrong with it."""
+    path = cfg.model.path
+    if not path:
+        return
+    local = Path(path).expanduser()
+    local = local if local.is_absolute() else launch_dir() / local
+    newest = checkpoint_at(local) if local.is_dir() else None
+    if newest is None or newest == local:
+        return
+    if problem := damage(newest):
+        raise ConfigError(
+            f"model.path={path} is a run directory whose newest checkpoint, {newest}, is "
+            f"damaged: {problem}. Give an earlier one: model.path={newest.parent}/step_N."
+        )
+    print(f"rlcli: model.path={path} is a run directory: evaluating its newest checkpoint")
+    cfg.model.path = str(newest)

@@ -15,21 +15,19 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from rlcli.config import ConfigError
-from rlcli.lifecycle.checkpoint import STATE_FILE, damage, list_checkpoints
-from rlcli.runtime.lora import ADAPTER_CONFIG, base_model_path, export_merged, is_adapter_dir
+from rlcli.lifecycle.checkpoint import STATE_FILE, checkpoint_at, damage
+from rlcli.runtime.lora import base_model_path, export_merged, is_adapter_dir
 
 
 def _checkpoint(path: Path) -> Path:
     """`path` itself when it is a checkpoint, else the newest one of a run directory."""
-    if (path / ADAPTER_CONFIG).is_file() or (path / "config.json").is_file():
-        return path
-    found = list_checkpoints(path)
-    if not found:
+    found = checkpoint_at(path)
+    if found is None:
         raise ConfigError(
             f"{path} is neither a checkpoint (a directory with adapter_config.json or "
             "config.json) nor a run directory holding checkpoints/step_N."
         )
-    return found[-1]
+    return found
 
 
 def export_command(argv: list[str]) -> None:

@@ -63,7 +63,8 @@ def make_pairs(cfg: Config, run_dir: Path) -> dict:
             best, worst = picked
             rows.append(
                 {
-                    "prompt": problem.question,
+                    # a conversation stays one: data=pairs reads chat messages as the prompt
+                    "prompt": list(problem.conversation or ()) or problem.question,
                     "chosen": batch.texts[g * p.k + best],
                     "rejected": batch.texts[g * p.k + worst],
                     "chosen_score": grouped[g, best].item(),

@@ -40,12 +40,14 @@ def check_port(port: int) -> None:
 
 def serve(cfg: Config, run_dir) -> None:
     from rlcli.rollout.worker_processes import server_command
+    from rlcli.runtime.init_kwargs import trusts_remote_code
     from rlcli.runtime.models import resolve_model_path
 
     check_port(cfg.sampler.serve_port)  # before minutes of model conversion
     model_path = resolve_model_path(cfg.model, cfg.trainer.seed)  # a GGUF is converted once
     dtype = cfg.trainer.dtype
-    argv, env = server_command(model_path, dtype, cfg.sampler, cfg.sampler.serve_port, HOST)
+    remote = trusts_remote_code(cfg.model.init_kwargs)  # model.init_kwargs.trust_remote_code
+    argv, env = server_command(model_path, dtype, cfg.sampler, cfg.sampler.serve_port, HOST, remote)
     print(
         "rlcli: starting a rollout worker:\n  VLLM_SERVER_DEV_MODE=1 python " + shlex.join(argv[1:])
     )

@@ -57,6 +57,16 @@ def _check_reward(cfg: Config) -> None:
 
     r = cfg.reward
     check_reward_config(r, cfg.sampler.max_new_tokens)
+    if cfg.data.answer_field is None:  # prompt-only data: no rule may compare with an answer
+        from rlcli.rewards.rules import RULES, reads_answer
+
+        if wanting := [n for n in r.components if n in RULES and reads_answer(RULES[n])]:
+            raise ConfigError(
+                f"data.answer_field=null gives the problems no answer, but the reward component "
+                f"{wanting[0]!r} compares each response with one. Name the field that holds the "
+                "answer in data.answer_field, or use a reward that needs none (format, "
+                "space_rate, reward_model, or your own reward.function)."
+            )
     process, stepwise = "process" in r.components, needs(cfg, "step_rewards")
     if process and len(r.components) > 1:
         raise ConfigError(
@@ -95,7 +105,7 @@ def _check_ranges(cfg: Config) -> None:
             f"choose a head size in {list(VLLM_HEAD_SIZES)} or use sampler=hf."
         )
     _check_world(cfg)
-    check_model(model)
+    check_model(model, trainer)  # model.init_kwargs.attn_implementation vs trainer.attention
     check_pieces(cfg)
     check_data(cfg.data)
     check_algo(algo)

@@ -237,6 +237,27 @@ def markdown(key: str, claim: Claim, result: dict, seeds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What a plotted metric cannot leave: a 95% band over 3 seeds can reach past it (a share near
+# 0 gets a band below 0), and is cut there. Shares lie in [0, 1]; counts, lengths, times and
+# entropies are at least 0. A metric not named here (reward/mean, a DPO margin) can be negative.
+SHARES = ("clip/high", "clip/frac", "batch/response_utilisation", "response/truncated_frac",
+          "reward/math", "eval/accuracy", "eval/reward/accuracy")  # fmt: skip
+AT_LEAST_ZERO = ("actor/entropy", "batch/gen_batches", "response/length_mean",
+                 "samples/wrong_length", "samples/right_length", "time/step")  # fmt: skip
+
+
+def bounds(metric: str) -> tuple[float, float]:
+    if metric in SHARES:
+        return 0.0, 1.0
+    return (0.0, math.inf) if metric in AT_LEAST_ZERO else (-math.inf, math.inf)
+
+
+# A figure has at most two panels a row, each PANEL inches at DPI: 800 pixels wide, which the
+# pages show at about 750 (their content column on a 1280-pixel screen), so that text of
+# FONT_PT points is shown at 10 or more.
+PANEL, DPI, FONT_PT = (4.0, 3.2), 100, 11
+
+
 def plot(claim: Claim, runs: dict[str, dict[int, list[dict]]], path: Path) -> None:
     import matplotlib
 
@@ -245,32 +266,49 @@ def plot(claim: Claim, runs: dict[str, dict[int, list[dict]]], path: Path) -> No
 
     metrics = (claim.metric, *claim.also)
     panels = len(metrics) + claim.by_rounds
-    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.3), squeeze=False)
-    for ax, metric in zip(axes[0], metrics, strict=False):
-        for arm, by_seed in runs.items():
-            steps = sorted({r["step"] for rows in by_seed.values() for r in rows if metric in r})
-            means, lows, highs = [], [], []
-            for step in steps:
-                values = [r[metric] for rows in by_seed.values() for r in rows
-                          if r["step"] == step and metric in r]  # fmt: skip
-                mean, half = mean_interval(values)
-                half = 0.0 if math.isnan(half) else half
-                means.append(mean), lows.append(mean - half), highs.append(mean + half)
-            if len(steps) == 1:  # measured once, after training (rlcli eval): a point and interval
-                ax.errorbar(arm, means, yerr=[means[0] - lows[0]], fmt="o", capsize=6, label=arm)
-            else:  # a curve; or nothing, if no run of the arm logged it (smoke: right answers)
-                ax.plot(steps, means, label=arm)
-                ax.fill_between(steps, lows, highs, alpha=0.2)
-        ax.set_title(metric)
-        ax.set_xlabel("step" if len(steps) != 1 else f"after step {steps[0]}")
-        ax.grid(alpha=0.3)
-    if claim.by_rounds:
-        plot_by_rounds(axes[0][-1], claim.metric, runs)
-    axes[0][0].legend()
-    fig.suptitle(f"{claim.source}: mean over seeds, 95% band", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    cols, rows = min(panels, 2), math.ceil(panels / 2)
+    with plt.rc_context({"font.size": FONT_PT, "legend.fontsize": FONT_PT}):
+        fig, grid = plt.subplots(rows, cols, figsize=(PANEL[0] * cols, PANEL[1] * rows),
+                                 squeeze=False)  # fmt: skip
+        axes = list(grid.flat)
+        for ax in axes[panels:]:  # an odd number of panels leaves the last cell empty
+            ax.set_visible(False)
+        for ax, metric in zip(axes, metrics, strict=False):
+            draw_metric(ax, metric, runs)
+        if claim.by_rounds:
+            plot_by_rounds(axes[panels - 1], claim.metric, runs)
+        axes[0].legend()
+        fig.suptitle(f"{claim.source}: mean over seeds, 95% band")
+        fig.tight_layout()
+        fig.savefig(path, dpi=DPI)
     plt.close(fig)
+
+
+def draw_metric(ax, metric: str, runs: dict[str, dict[int, list[dict]]]) -> None:
+    """Each arm's mean over seeds with its 95% band (a point and bar when the metric was
+    measured once, after training), the band cut at the metric's `bounds`."""
+    low_bound, high_bound = bounds(metric)
+    steps: list[int] = []
+    for arm, by_seed in runs.items():
+        steps = sorted({r["step"] for rows in by_seed.values() for r in rows if metric in r})
+        means, lows, highs = [], [], []
+        for step in steps:
+            values = [r[metric] for rows in by_seed.values() for r in rows
+                      if r["step"] == step and metric in r]  # fmt: skip
+            mean, half = mean_interval(values)
+            half = 0.0 if math.isnan(half) else half
+            means.append(mean)
+            lows.append(max(mean - half, low_bound))
+            highs.append(min(mean + half, high_bound))
+        if len(steps) == 1:  # measured once, after training (rlcli eval): a point and interval
+            bar = [[means[0] - lows[0]], [highs[0] - means[0]]]
+            ax.errorbar([arm], means, yerr=bar, fmt="o", capsize=6, label=arm)
+        else:  # a curve; or nothing, if no run of the arm logged it (smoke: right answers)
+            ax.plot(steps, means, label=arm)
+            ax.fill_between(steps, lows, highs, alpha=0.2)
+    ax.set_title(metric)
+    ax.set_xlabel("step" if len(steps) != 1 else f"after step {steps[0]}")
+    ax.grid(alpha=0.3)
 
 
 def main() -> None:

@@ -6,7 +6,13 @@ import re
 import pytest
 
 from rlcli.cli import main
-from rlcli.config.overrides import PEER_NAMES, check_overrides, group_choices, unknown_key_message
+from rlcli.config.overrides import (
+    PEER_NAMES,
+    check_overrides,
+    group_choices,
+    peer_override,
+    unknown_key_message,
+)
 
 
 @pytest.mark.parametrize(
@@ -61,8 +67,8 @@ def test_every_field_the_table_names_is_rlclis():
     # A typo in the table (trainer.group_sizes) would send a user to a second error.
     groups = group_choices()
     fields = {p.rlcli for p in PEER_NAMES.values() if p.rlcli and re.fullmatch(r"[\w.]+", p.rlcli)}
-    examples = [p.example.format(value="1") for p in PEER_NAMES.values() if p.example]
-    examples += [v for p in PEER_NAMES.values() for v in p.values.values()]
+    examples = [peer_override(p, "1") for p in PEER_NAMES.values() if p.example]
+    examples += [v for p in PEER_NAMES.values() for v in p.values.values() if v]
     keys = fields | {k for e in examples for k in rlcli_keys(e)}
     for key in sorted(keys - {"hydra.run.dir"}):
         assert key in groups or unknown_key_message(key) is None, key

@@ -22,9 +22,9 @@ from rlcli.config import CONF_DIR, ConfigError, DataConfig
 from rlcli.data import DATASETS, load_splits
 from rlcli.data.answers import ANSWER_FORMATS, boxed_answer, gsm8k_answer
 from rlcli.data.countdown import MAX_EXPRESSION_CHARS, countdown_problem, countdown_score
+from rlcli.data.files import read_texts
 from rlcli.data.generated import arith_splits
 from rlcli.data.problems import PromptStream, render_prompt, write_records
-from rlcli.data.records import read_texts
 from rlcli.runtime.models import load_tokenizer, smollm2_dir
 from rlcli.validate import section
 
@@ -437,10 +437,12 @@ def test_file_errors_name_the_path(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ConfigError, match=f"data.path={empty} holds no records"):
         load_splits(data_cfg("jsonl", path=str(empty)))
-    csv = tmp_path / "rows.csv"
-    csv.write_text("question,answer\n1+1,2\n")
-    with pytest.raises(ConfigError, match=r"suffix '\.csv'.*\.jsonl.*\.parquet"):
-        load_splits(data_cfg("jsonl", path=str(csv)))
+    sheet = tmp_path / "rows.xlsx"
+    sheet.write_text("question,answer\n1+1,2\n")
+    with pytest.raises(
+        ConfigError, match=r"suffix '\.xlsx'.*\.jsonl.*\.parquet or \.csv.*save_to_disk"
+    ):
+        load_splits(data_cfg("jsonl", path=str(sheet)))
     garbage = tmp_path / "garbage.parquet"
     garbage.write_text("not parquet")
     with pytest.raises(ConfigError, match=f"data.path={garbage} could not be read as parquet"):

@@ -1,5 +1,6 @@
-"""Held-out evaluation: the unbiased pass@k estimator, `rlcli eval` writing eval.json on the
-tiny model, and evaluation leaving the training samples untouched."""
+"""Held-out evaluation: the unbiased pass@k estimator, `rlcli eval` writing eval.json on a
+tiny model's run directory (its newest checkpoint), and evaluation leaving the training samples
+untouched."""
 
 import json
 import math
@@ -38,16 +39,25 @@ def even_answers(prompts, responses, answers, **fields):
 """
 
 
-def test_rlcli_eval_writes_accuracy_and_pass_at_k(tmp_path):
+def test_rlcli_eval_of_a_run_directory_writes_accuracy_and_pass_at_k(tmp_path):
+    from rlcli.train.loop import train
+
+    # A finished run's directory, as `rlcli export` takes it: its newest checkpoint is evaluated.
+    trained = tmp_path / "trained"
+    tiny_run = ["model=tiny", "reward=space_rate", "sampler=hf", "sampler.max_new_tokens=8",
+                "trainer.prompts_per_step=2", "trainer.save_every=1", "logger.progress=false",
+                "trainer.max_steps=2"]  # fmt: skip
+    train(compose(tiny_run), trained)
     (tmp_path / "reward.py").write_text(REWARD)
     data = ["data.num_train=8", "data.num_test=12"]
     out = rlcli(
-        "eval", "model=tiny", *data, "reward=python",
+        "eval", "model=tiny", f"model.path={trained}", *data, "reward=python",
         f"reward.function={tmp_path / 'reward.py'}:even_answers", "eval.k=4",
         "sampler.max_new_tokens=8", f"hydra.run.dir={tmp_path / 'run'}",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert report["model"] == str(trained / "checkpoints" / "step_2")
     _, test = load_splits(compose(data).data)
     even = sum(int(p.answer) % 2 == 0 for p in test) / len(test)
     # The reward depends on the problem only: every sample of a problem is right or wrong.
@@ -61,7 +71,9 @@ def test_rlcli_eval_writes_accuracy_and_pass_at_k(tmp_path):
     samples = tmp_path / "run" / "eval_samples.jsonl"
     assert f"rlcli: each problem's replies, rewards and correctness in {samples}" in out.stdout
     records = [json.loads(line) for line in samples.read_text().splitlines()]
-    assert [r["id"] for r in records] == [p.id for p in test]
+    # The problem's id under samples.jsonl's name for it.
+    assert [r["problem_id"] for r in records] == [p.id for p in test]
+    assert all("id" not in r for r in records)
     for record, problem in zip(records, test, strict=True):
         right = int(problem.answer) % 2 == 0
         assert record["prompt"] == problem.question and record["answer"] == problem.answer
@@ -167,3 +179,18 @@ def test_val_before_train_without_a_held_out_split_says_so_and_trains(tmp_path, 
     )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]
+
+
+def test_a_run_directorys_damaged_newest_checkpoint_is_named_and_a_hub_id_left_alone(tmp_path):
+    from rlcli.config import ConfigError
+    from rlcli.evaluate import newest_checkpoint_of_a_run
+
+    newest = tmp_path / "run" / "checkpoints" / "step_3"
+    newest.mkdir(parents=True)
+    (newest / "trainer_state.json").write_text("{not json")  # cut short, no manifest
+    cfg = compose(["model=tiny", f"model.path={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=f"newest checkpoint, {newest}, is damaged"):
+        newest_checkpoint_of_a_run(cfg)
+    cfg = compose(["model=tiny", "model.path=HuggingFaceTB/SmolLM2-135M-Instruct"])
+    newest_checkpoint_of_a_run(cfg)
+    assert cfg.model.path == "HuggingFaceTB/SmolLM2-135M-Instruct"

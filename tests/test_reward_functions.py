@@ -37,7 +37,10 @@ def keywords(fn, records):
 def test_each_convention_gets_its_own_keywords_and_the_records_fields():
     records = [{"solution": "4", "level": 1}]
     fields = {"solution": ["4"], "level": [1]}
-    assert keywords(trl, records) == {"prompts": ["p"], "completions": ["r"], **fields}
+    # TRL's **kwargs get completion_ids and trainer_state, as TRL passes them.
+    trl_keywords = {"prompts": ["p"], "completions": ["r"], "completion_ids": [[1, 2]],
+                    "trainer_state": {}, **fields}  # fmt: skip
+    assert keywords(trl, records) == trl_keywords
     own = {"prompts": ["p"], "responses": ["r"], "answers": ["a"], **fields}
     assert keywords(rlcli_own, records) == own
     # Without **kwargs, only what it names: token ids too when it names completion_ids.

@@ -20,6 +20,7 @@ from rlcli.rewards.models import step_reward_tensors
 from rlcli.rewards.scorer import Sample, Scorer, Scores
 from rlcli.rollout.batch import Rollout
 from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
+from rlcli.runtime.init_kwargs import trusts_remote_code
 from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 
 
@@ -49,7 +50,7 @@ def sample_problems(
 ) -> Rollout:
     """A group of `group` responses per problem, its prompt rendered; `options` (temperature,
     seed, top_p) as `Sampler.sample` takes them."""
-    prompts = [render(p.question) for p in problems]
+    prompts = [render.prompt(p) for p in problems]
     ids, answers = [p.id for p in problems], [p.answer for p in problems]
     return sampler.sample(prompts, group, ids, answers, **options)
 
@@ -67,7 +68,16 @@ def score_rollout(
     # Each response's tokens up to its padding (tool turns too): views, no copies.
     widths = batch.attention_mask[:, batch.prompt_width :].sum(-1).tolist()
     samples = [
-        Sample(p.question, text, p.answer, p.record, int(n), p.id, batch.response_ids[i, :width])
+        Sample(
+            p.question,
+            text,
+            p.answer,
+            p.record,
+            int(n),
+            p.id,
+            batch.response_ids[i, :width],
+            conversation=None if p.conversation is None else list(p.conversation),
+        )  # fmt: skip
         for i, (p, text, n, width) in enumerate(
             zip(rows, batch.texts, batch.lengths.tolist(), widths, strict=True)
         )
@@ -120,13 +130,16 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
     scorer.check_records(problems, cfg.data.name)
     model_path = resolve_model_path(cfg.model, t.seed)
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, init_kwargs=cfg.model.init_kwargs)
     render = prompt_renderer(cfg, tokenizer)
     fit_prompts(cfg, render, problems, "")  # an error if any is too long
-    policy = load_causal_lm(model_path, t.dtype, device, trainable=False)
+    policy = load_causal_lm(
+        model_path, t.dtype, device, trainable=False, init_kwargs=cfg.model.init_kwargs
+    )
     # In trainer.dtype: what is measured (eval) or kept (filter, pairs) should not depend on
     # whether the machine has fast bfloat16.
+    remote = trusts_remote_code(cfg.model.init_kwargs)  # an engine runs the model's code too
     setup = SamplerSetup(
-        cfg.sampler, model_path, tokenizer, policy, device, t.dtype, t.seed, env=cfg.env
+        cfg.sampler, model_path, tokenizer, policy, device, t.dtype, t.seed, None, cfg.env, remote
     )
     return scorer, model_path, render, make_sampler(setup)

@@ -1,6 +1,7 @@
 """The command line's rule for the config's free-form fields, the dicts of a piece's own
-settings (`algo.loss_settings`, `algo.advantage_settings`, `trainer.lr_scheduler_kwargs`),
-whose keys the piece's signature checks rather than the schema:
+settings (`algo.loss_settings`, `algo.advantage_settings`, `trainer.lr_scheduler_kwargs`) and
+the policy's from_pretrained arguments (`model.init_kwargs`), whose keys the piece's signature
+(or from_pretrained) checks rather than the schema:
 
 - `FIELD.NAME=VALUE` sets NAME whether or not the composed config already holds it (an algo's
   YAML presets sapo's tau_pos; no YAML presets min_lr_rate), with or without Hydra's `+`:
@@ -57,6 +58,7 @@ def refuse_deletion(key: str, unknown: str | None) -> None:
     raise ConfigError(
         f"~{key} would delete {key}, which every run needs: rlcli's keys have no value but "
         f"conf/'s. Leave the override out to keep the default, or set another value with "
-        f"{key}=VALUE. Only a setting inside algo.loss_settings, algo.advantage_settings or "
-        "trainer.lr_scheduler_kwargs can be deleted (~algo.loss_settings.NAME)."
+        f"{key}=VALUE. Only a setting inside algo.loss_settings, algo.advantage_settings, "
+        "trainer.lr_scheduler_kwargs or model.init_kwargs can be deleted "
+        "(~algo.loss_settings.NAME)."
     )

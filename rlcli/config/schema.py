@@ -89,6 +89,9 @@ class SamplerConfig:
     name: str = MISSING
     temperature: float = MISSING
     top_p: float = MISSING
+    top_k: int = MISSING  # 0 (or -1) = off
+    min_p: float = MISSING
+    repetition_penalty: float = MISSING
     max_new_tokens: int = MISSING
     max_prompt_tokens: int = MISSING
     long_prompts: str = MISSING
@@ -142,6 +145,8 @@ class ModelConfig:
     source: str = MISSING
     path: str | None = MISSING
     gradient_checkpointing: str = MISSING  # auto, true or false
+    # from_pretrained's keyword arguments (TRL's model_init_kwargs), free-form
+    init_kwargs: dict[str, Any] = MISSING
     lora: LoraConfig = field(default_factory=LoraConfig)
     tiny_layers: int = MISSING
     tiny_hidden: int = MISSING
@@ -164,7 +169,7 @@ class DataConfig:
     train_split: str = MISSING
     test_split: str | None = MISSING
     prompt_field: str = MISSING
-    answer_field: str = MISSING
+    answer_field: str | None = MISSING
     chosen_field: str = MISSING
     rejected_field: str = MISSING
     answer_format: str = MISSING

@@ -2,22 +2,24 @@
 
 The room of everything a run reads before it samples: `problems` (the `Problem` record,
 rendering a prompt, the training stream, writing records back), `generated` (seeded `arith`
-and `countdown` sets; `countdown` holds that task's generator and checker), `records` (local
-files and hub datasets), `answers` (how an answer field writes the answer), `pairs` (DPO's
+and `countdown` sets; `countdown` holds that task's generator and checker), `files` (reading
+a local file, a save_to_disk folder or a hub split), `records` (their records as problems),
+`answers` (how an answer field writes the answer), `pairs` (DPO's
 preference pairs). Two kinds of adapter, picked by
 `data.name` from `DATASETS` below:
 
 - generated from a seed: `arith` and `countdown`;
-- records, read from a local .jsonl/.json/.parquet file (`data.path`) or a Hugging Face hub
-  dataset (`data.hub_id`): `jsonl`, `parquet`, `gsm8k`, `math` and `dapo_math_17k` are one
-  adapter, `record_splits`, which each conf/data/*.yaml configures: where the prompt and the
-  answer are (dotted paths into nested records), how the answer is written
-  (`answers.ANSWER_FORMATS`), a prompt template, de-duplication and a size limit.
+- records, read from a local .jsonl/.json/.parquet/.csv file or save_to_disk folder
+  (`data.path`) or a Hugging Face hub dataset (`data.hub_id`): `jsonl`, `parquet`, `gsm8k`,
+  `math` and `dapo_math_17k` are one adapter, `record_splits`, which each conf/data/*.yaml
+  configures: where the prompt and the answer are (dotted paths into nested records), how the
+  answer is written (`answers.ANSWER_FORMATS`), a prompt template, de-duplication and a size
+  limit.
 
 Every problem keeps its source record, so `write_records` can write a filtered copy that the
 same adapter reads back with `data.path=`. Prompts are rendered with the model's chat template
-by `render_prompt`; `PromptStream` feeds the training split to the trainer. `check_data` is
-the data section's checks.
+(`PromptRenderer`: a conversation whole, a question as a user turn); `PromptStream` feeds the
+training split to the trainer. `check_data` is the data section's checks.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def check_data(data: DataConfig) -> None:
     """A ConfigError for a record dataset without records, or a file given to a generated set."""
     if data.name in ("jsonl", "parquet", "pairs") and not (data.path or data.hub_id):
         raise ConfigError(
-            f"data={data.name} needs data.path=<.jsonl, .json or .parquet file> (or "
+            f"data={data.name} needs data.path=<.jsonl, .json, .parquet or .csv file> (or "
             "data.hub_id=<Hugging Face dataset id>): the training records."
         )
     given = [

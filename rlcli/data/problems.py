@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlcli.config import Config, ConfigError
-from rlcli.env import prompt_tools, system_prompt
+from rlcli.env import prompt_tools, system_prompt, tool_instructions
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,10 @@ class Problem:
     # The source record's fields: `reward=python` functions receive them, `rlcli filter` writes
     # them back. Generated problems hold {"question", "answer"} plus their own fields.
     record: dict = field(default_factory=dict, hash=False)
+    # The prompt as chat messages, when the data gives it so (TRL's conversational format:
+    # system, user and earlier turns, `data.instruction` added to the last user message); it
+    # is rendered whole, and a TRL reward function gets it as its prompt. None: a text prompt.
+    conversation: tuple[dict, ...] | None = field(default=None, hash=False)
 
 
 Splits = tuple[list[Problem], list[Problem]]
@@ -69,30 +73,63 @@ def render_prompt(
         messages.insert(0, {"role": "system", "content": system_prompt})
     if tokenizer.chat_template is None:
         return question
+    return render_messages(tokenizer, messages, tools)
+
+
+def render_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """Chat messages as the model's template renders them, ready for the reply. A model without
+    a template (a base model) gets their contents, a blank line apart."""
+    if tokenizer.chat_template is None:
+        return "\n\n".join(str(m["content"]) for m in messages)
     return tokenizer.apply_chat_template(
         messages, tools=tools, tokenize=False, add_generation_prompt=True
     )
 
 
+def with_system(
+    conversation: tuple[dict, ...], system: str | None, instructions: str | None
+) -> list[dict]:
+    """A conversation with the run's system message: its own system message is kept (the
+    data's author chose it over data.system_prompt), with the tools' instructions added to
+    it; one without gets the run's (data.system_prompt and the tools' instructions)."""
+    messages = [dict(m) for m in conversation]
+    if messages[0]["role"] == "system":
+        if instructions:
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{instructions}"
+    elif system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
 @dataclass(frozen=True)
 class PromptRenderer:
-    """A question as the model's chat template renders it, with the run's system message and
-    tools fixed once (`prompt_renderer`): what training, evaluation and the commands that
-    sample all send to the sampler."""
+    """A problem's prompt as the model's chat template renders it, with the run's system
+    message and tools fixed once (`prompt_renderer`): what training, evaluation and the
+    commands that sample all send to the sampler."""
 
     tokenizer: object
-    system: str | None
+    system: str | None  # data.system_prompt, then the tools' instructions
     tools: list[dict] | None = None  # JSON schemas, env.tool_format=chat_template
+    instructions: str | None = None  # the tools' instructions alone (rlcli's tool format)
 
     def __call__(self, question: str) -> str:
         return render_prompt(self.tokenizer, question, self.system, self.tools)
+
+    def prompt(self, problem: Problem) -> str:
+        """The problem's prompt: its conversation rendered whole, or its question as a user
+        turn."""
+        if problem.conversation is None:
+            return self(problem.question)
+        messages = with_system(problem.conversation, self.system, self.instructions)
+        return render_messages(self.tokenizer, messages, self.tools)
 
 
 def prompt_renderer(cfg: Config, tokenizer) -> PromptRenderer:
     """The run's renderer: `data.system_prompt` with the tools' instructions, and the tools'
     schemas where the chat template declares them (a template that cannot take them is
     refused here)."""
-    return PromptRenderer(tokenizer, system_prompt(cfg), prompt_tools(cfg.env, tokenizer))
+    tools = prompt_tools(cfg.env, tokenizer)
+    return PromptRenderer(tokenizer, system_prompt(cfg), tools, tool_instructions(cfg.env))
 
 
 class PromptStream:
@@ -126,7 +163,7 @@ def fit_prompts(
     if not problems:
         return problems  # a tokenizer given no text fails rather than returning nothing
     s, tokenizer = cfg.sampler, render.tokenizer
-    rendered = [render(p.question) for p in problems]
+    rendered = [render.prompt(p) for p in problems]
     lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False).input_ids]
     too_long = [i for i, n in enumerate(lengths) if n > s.max_prompt_tokens]
     if not too_long:

@@ -1,154 +1,19 @@
-"""Record datasets: a local .jsonl/.json/.parquet file or a Hugging Face hub dataset turned
-into `Problem`s (`record_splits`), with the dotted field paths and answer formats
-(`rlcli.data.answers`) each conf/data/*.yaml configures; and PPO-ptx's pretraining text
-(`read_texts`).
+"""Record datasets: the records of a local file, a saved folder or a hub split
+(`rlcli.data.files`) turned into `Problem`s (`record_splits`), with the dotted field paths and
+answer formats (`rlcli.data.answers`) each conf/data/*.yaml configures. A prompt field that
+holds chat messages (TRL's conversational format) keeps the whole conversation.
 """
 
 from __future__ import annotations
 
-import codecs
-import json
 import random
-import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlcli.config import ConfigError, DataConfig
 from rlcli.data.answers import ANSWER_FORMATS
+from rlcli.data.files import load_hub, read_file
 from rlcli.data.problems import Problem
-
-# --- records: a local file or a hub dataset, turned into problems ---------------------------------
-
-
-# File suffix -> the `datasets` builder that reads it.
-FILE_READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _local_file(path: str, key: str, kinds: str) -> Path:
-    """The file config field `key` names (holding `kinds`, e.g. "a .jsonl file"); ConfigError
-    when there is none, saying where a relative path led, or when it is a directory."""
-    file = Path(path).expanduser()
-    if file.is_dir():
-        raise ConfigError(f"{key}={path} is a directory, not a file: give the path of {kinds}.")
-    if not file.is_file():
-        where = "" if file.is_absolute() else f" (looked for at {file.absolute()})"
-        raise ConfigError(f"{key}={path}: no such file{where}. Give the path of {kinds}.")
-    return file
-
-
-def _check_utf8(file: Path, label: str) -> None:
-    """ConfigError naming `label` ("data.path=x") and the line and column of the first byte of
-    `file` that is not UTF-8. Read by 1 MiB blocks, as a data file may be large (pyarrow does
-    not check the bytes of strings: such a file would load, then fail when read)."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    try:
-        with file.open("rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                decoder.decode(block)
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        # surrogateescape keeps each bad byte as one character, U+DC80-U+DCFF.
-        text = file.read_bytes().decode("utf-8", "surrogateescape")
-        at = re.search("[\udc80-\udcff]", text).start()
-        line, column = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
-        raise ConfigError(
-            f"{label}: line {line} is not UTF-8 text (byte 0x{ord(text[at]) - 0xDC00:02x} at "
-            f"column {column}); save the file as UTF-8."
-        ) from None
-
-
-def _json_problem(text: str) -> str | None:
-    """Where `text` stops being JSON records (objects one after another, or lists of them), as
-    "line L ..."; else None. After `datasets` failed: its errors give byte offsets or rows."""
-    decoder, space = json.JSONDecoder(), re.compile(r"\s*")
-    pos = space.match(text).end()
-    while pos < len(text):
-        start = pos
-        try:
-            value, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as err:
-            msg = err.msg.removesuffix(" at")  # "Invalid control character at"
-            return f"line {err.lineno} is not valid JSON ({msg} at column {err.colno})"
-        if not all(isinstance(v, dict) for v in (value if isinstance(value, list) else [value])):
-            line = text.count("\n", 0, start) + 1
-            return f"line {line} holds a JSON {type(value).__name__}, not a record (an object)"
-        pos = space.match(text, pos).end()
-    return None
-
-
-@contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """`datasets` draws a bar on the console for each file it reads or prepares ("Generating
-    train split"); rlcli's own lines and bar are what a user should see, so they are off
-    while it loads (and as they were after)."""
-    from datasets.utils import logging as datasets_logging
-
-    was_on = datasets_logging.is_progress_bar_enabled()
-    datasets_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            datasets_logging.enable_progress_bar()
-
-
-def _read_file(path: str, key: str):
-    """A local file as a `datasets.Dataset`; `key` names the config field for messages."""
-    import datasets  # here, not at the top: it takes ~0.6 s, and generated data never needs it
-
-    file = _local_file(path, f"data.{key}", "a .jsonl, .json or .parquet file")
-    reader = FILE_READERS.get(file.suffix.lower())
-    if reader is None:
-        raise ConfigError(
-            f"data.{key}={path} has the suffix {file.suffix!r}, which rlcli cannot read: use a "
-            ".jsonl or .json file (JSON objects) or a .parquet file."
-        )
-    empty = ConfigError(f"data.{key}={path} holds no records: the file is empty.")
-    if reader == "json":
-        _check_utf8(file, f"data.{key}={path}")
-    try:
-        with _no_progress_bars():
-            table = datasets.load_dataset(reader, data_files=str(file), split="train")
-    except Exception as err:  # datasets and pyarrow raise many types; all mean "unreadable"
-        if not file.read_bytes().strip():
-            raise empty from None
-        if reader == "json" and (problem := _json_problem(file.read_text("utf-8-sig"))):
-            raise ConfigError(
-                f"data.{key}={path}: {problem}. A .jsonl file holds one JSON object per record, "
-                "a .json file a list of them."
-            ) from None
-        # `datasets` wraps the cause in a DatasetGenerationError that says only that.
-        cause = _first_line(err.__cause__ or err)
-        raise ConfigError(
-            f"data.{key}={path} could not be read as {reader} records: {cause}"
-        ) from None
-    if len(table) == 0:
-        raise empty
-    return table
-
-
-def _load_hub(cfg: DataConfig, split: str):
-    import datasets
-
-    config = f"config {cfg.hub_config}, " if cfg.hub_config else ""
-    try:
-        with _no_progress_bars():
-            return datasets.load_dataset(cfg.hub_id, cfg.hub_config, split=split)
-    except Exception as err:  # no network, unknown id, config or split: all need the same fix
-        raise ConfigError(
-            f"data.hub_id={cfg.hub_id} ({config}split {split!r}) could not be loaded from the "
-            f"Hugging Face hub: {_first_line(err)}. If this machine has no "
-            f"network access, download the dataset where there is (`hf download {cfg.hub_id} "
-            "--repo-type dataset --local-dir DIR`) and point data.path (and data.test_path) "
-            "at its local .parquet or .jsonl files."
-        ) from None
 
 
 def _rows(table) -> Iterator[dict]:
@@ -209,12 +74,12 @@ class _Source:
 
 
 def _file_source(path: str, key: str, split: str) -> _Source:
-    return _Source(f"data.{key}={path}", split, _read_file(path, key))
+    return _Source(f"data.{key}={path}", split, read_file(path, key))
 
 
 def _hub_source(cfg: DataConfig, hub_split: str, split: str) -> _Source:
     label = f"hub dataset {cfg.hub_id}, split {hub_split!r}"
-    return _Source(label, split, _load_hub(cfg, hub_split))
+    return _Source(label, split, load_hub(cfg, hub_split))
 
 
 def field_or_error(record: dict, key: str, cfg: DataConfig, where: str):
@@ -230,15 +95,26 @@ def field_or_error(record: dict, key: str, cfg: DataConfig, where: str):
         ) from None
 
 
-def _question(record: dict, cfg: DataConfig, where: str) -> str:
-    if cfg.template is None:
-        text = prompt_text(field_or_error(record, "prompt_field", cfg, where))
-        if text is None:
-            raise ConfigError(
-                f"In {where}, data.prompt_field={cfg.prompt_field} is a list with no user "
-                "message; set data.prompt_field to the prompt text or messages."
-            )
-    else:
+def _conversation(value, instruction: str, where: str, cfg: DataConfig) -> tuple[dict, ...]:
+    """A prompt field's chat messages, `instruction` added to the last user message; a
+    ConfigError naming the record when a message is not {"role": ..., "content": ...}."""
+    messages = [m for m in value if isinstance(m, dict) and "role" in m and "content" in m]
+    if len(messages) != len(value):
+        raise ConfigError(
+            f"In {where}, data.prompt_field={cfg.prompt_field} is a list whose items are not all "
+            'chat messages ({"role": ..., "content": ...}); give the prompt as text or as such '
+            "messages."
+        )
+    messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[last]["content"] = f"{messages[last]['content']} {instruction}".strip()
+    return tuple(messages)
+
+
+def _prompt(record: dict, cfg: DataConfig, where: str) -> tuple[str, tuple[dict, ...] | None]:
+    """The prompt's text (a conversation's last user message) and, when the prompt field holds
+    chat messages, the conversation."""
+    if cfg.template is not None:
         try:
             text = cfg.template.format(**record)
         except KeyError as err:
@@ -252,10 +128,23 @@ def _question(record: dict, cfg: DataConfig, where: str) -> str:
                 f"fields ({err}); name fields in braces, e.g. {{problem}}, and double literal "
                 "braces, e.g. \\boxed{{}}."
             ) from None
-    return f"{text} {cfg.instruction}".strip()
+        return f"{text} {cfg.instruction}".strip(), None
+    value = field_or_error(record, "prompt_field", cfg, where)
+    text = prompt_text(value)
+    if text is None:
+        raise ConfigError(
+            f"In {where}, data.prompt_field={cfg.prompt_field} is a list with no user "
+            "message; set data.prompt_field to the prompt text or messages."
+        )
+    question = f"{text} {cfg.instruction}".strip()
+    if not isinstance(value, list):
+        return question, None
+    return question, _conversation(value, cfg.instruction, where, cfg)
 
 
 def _answer(record: dict, cfg: DataConfig, where: str) -> str:
+    if cfg.answer_field is None:  # prompt-only data: a reward that needs no answer
+        return ""
     raw = str(field_or_error(record, "answer_field", cfg, where))
     answer = ANSWER_FORMATS[cfg.answer_format](raw)
     if answer is None:
@@ -268,7 +157,15 @@ def _answer(record: dict, cfg: DataConfig, where: str) -> str:
 
 
 def problem_from_record(record: dict, item_id: str, cfg: DataConfig, where: str) -> Problem:
-    return Problem(item_id, _question(record, cfg, where), _answer(record, cfg, where), record)
+    question, conversation = _prompt(record, cfg, where)
+    return Problem(item_id, question, _answer(record, cfg, where), record, conversation)
+
+
+def prompt_key(problem: Problem):
+    """What makes two problems the same prompt for data.dedupe: the text, and the whole
+    conversation where there is one (as pairs: a set holds no dicts)."""
+    turns = tuple((m["role"], m["content"]) for m in problem.conversation or ())
+    return problem.question, turns
 
 
 def _items(source: _Source, cfg: DataConfig, to_item, key) -> list:
@@ -289,7 +186,7 @@ def _items(source: _Source, cfg: DataConfig, to_item, key) -> list:
 def _check_record_config(cfg: DataConfig) -> None:
     if not cfg.path and not cfg.hub_id:
         raise ConfigError(
-            f"data={cfg.name} needs data.path=<.jsonl, .json or .parquet file> (or a Hugging "
+            f"data={cfg.name} needs data.path=<.jsonl, .json, .parquet or .csv file> (or a Hugging "
             "Face dataset id in data.hub_id)."
         )
     if cfg.answer_format not in ANSWER_FORMATS:
@@ -318,7 +215,7 @@ def _hold_out(train: list, cfg: DataConfig, label: str) -> tuple[list, list]:
 
 
 def record_splits(
-    cfg: DataConfig, to_item=problem_from_record, key=lambda p: p.question
+    cfg: DataConfig, to_item=problem_from_record, key=prompt_key
 ) -> tuple[list, list]:
     """Train and test items (Problems, or what `to_item(record, id, cfg, where)` makes) from
     records: the file `data.path`, else the hub's `train_split`. The test split is
@@ -341,32 +238,3 @@ def record_splits(
         keep = sorted(random.Random(cfg.seed).sample(range(len(train)), cfg.limit))
         train = [train[i] for i in keep]
     return train, test
-
-
-def read_texts(path: str) -> list[str]:
-    """Pretraining text for PPO-ptx: a .jsonl file's `text` fields, or one text per line."""
-    file = _local_file(path, "algo.ptx_path", "a text file (one text a line) or a .jsonl file")
-    label = f"algo.ptx_path={path}"
-    _check_utf8(file, label)
-    text = file.read_text("utf-8-sig")
-    if file.suffix == ".jsonl":
-        lines = enumerate(text.split("\n"), 1)
-        texts = [_text_field(line, n, label) for n, line in lines if line.strip()]
-    else:
-        texts = [line for line in text.splitlines() if line.strip()]
-    if not texts:
-        raise ConfigError(f"{label} holds no text.")
-    return texts
-
-
-def _text_field(line: str, number: int, label: str) -> str:
-    try:
-        text = json.loads(line).get("text")
-    except (json.JSONDecodeError, AttributeError):  # not JSON, or JSON but not an object
-        text = None
-    if not isinstance(text, str):
-        raise ConfigError(
-            f"{label}: line {number} is not a JSON object with a 'text' string; a .jsonl file "
-            'holds one a line, e.g. {"text": "..."}.'
-        )
-    return text

@@ -19,13 +19,20 @@ def system_prompt(cfg: Config) -> str | None:
     """The system message of every prompt: `data.system_prompt`, then the tool instructions
     of `env.instructions` (with the tools' lines in place of `{tools}`) when tools are on in
     rlcli's format (with env.tool_format=chat_template the template declares the tools)."""
-    base, env = cfg.data.system_prompt, cfg.env
-    if env.name == "none" or not env.instructions or env.tool_format == "chat_template":
+    base, text = cfg.data.system_prompt, tool_instructions(cfg.env)
+    if text is None:
         return base
+    return text if base is None else f"{base}\n\n{text}"
+
+
+def tool_instructions(env: EnvConfig) -> str | None:
+    """`env.instructions` with the tools' lines in place of `{tools}`, when tools are on in
+    rlcli's format; None otherwise."""
+    if env.name == "none" or not env.instructions or env.tool_format == "chat_template":
+        return None
     from rlcli.env.tools import describe_tools
 
-    text = env.instructions.replace("{tools}", describe_tools(env.tools))
-    return text if base is None else f"{base}\n\n{text}"
+    return env.instructions.replace("{tools}", describe_tools(env.tools))
 
 
 def prompt_tools(env: EnvConfig, tokenizer) -> list[dict] | None:

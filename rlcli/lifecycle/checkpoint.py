@@ -36,6 +36,7 @@ import torch
 from safetensors import SafetensorError
 
 from rlcli.config import ConfigError, TrainerConfig
+from rlcli.runtime.lora import ADAPTER_CONFIG
 
 STATE_FILE = "trainer_state.json"
 TENSORS_FILE = "optimizer.pt"
@@ -92,6 +93,16 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         if (m := STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
     ]
     return [p for _, p in sorted(found)]
+
+
+def checkpoint_at(path: Path) -> Path | None:
+    """What `rlcli export PATH` and `rlcli eval model.path=PATH` read: PATH itself when it is a
+    model or a LoRA checkpoint, else the newest checkpoint of the run directory it is (None if
+    it is neither)."""
+    if (path / ADAPTER_CONFIG).is_file() or (path / "config.json").is_file():
+        return path
+    found = list_checkpoints(path)
+    return found[-1] if found else None
 
 
 def _remove(path: Path) -> None:

@@ -1,8 +1,12 @@
 """How a user's reward function is called: rlcli's convention or TRL's, read from its signature.
 
-- rlcli's: `fn(prompts, responses, answers, **fields)`;
-- TRL's (`GRPOTrainer(reward_funcs=...)`): `fn(prompts, completions, **kwargs)`, with
-  `completion_ids` (each response's token ids) given when the function names it.
+- rlcli's: `fn(prompts, responses, answers, **fields)`, prompts and responses as text;
+- TRL's (`GRPOTrainer(reward_funcs=...)`): `fn(prompts, completions, **kwargs)`, prompts and
+  completions in the dataset's format, as TRL gives them: text, or for conversational data
+  (a prompt of chat messages) the prompt's messages and each completion as
+  `[{"role": "assistant", "content": text}]`; with `completion_ids` (each response's token ids)
+  and `trainer_state` (`global_step`, `max_steps`), given to a function that names them or
+  takes **kwargs.
 
 Either returns one float per response (None: no reward for that response). In both, every field
 of the problem's record (a data file's columns: `solution`, `level`, ...) comes as a keyword
@@ -22,19 +26,19 @@ from dataclasses import dataclass
 
 # The keywords every call offers, besides the record's fields (a field of one of these names
 # is not passed: the call's own value wins).
-OFFERED = ("prompts", "responses", "completions", "answers", "completion_ids")
+OFFERED = ("prompts", "responses", "completions", "answers", "completion_ids", "trainer_state")
 # What a function with **kwargs is given besides the record's fields, by the name its
 # signature gives the responses; one that names neither gets both names.
 BASE = {
-    "completions": ("prompts", "completions"),  # TRL
+    "completions": ("prompts", "completions", "completion_ids", "trainer_state"),  # TRL
     "responses": ("prompts", "responses", "answers"),  # rlcli
-    None: ("prompts", "responses", "completions", "answers"),
+    None: ("prompts", "responses", "completions", "answers", "completion_ids", "trainer_state"),
 }
 CONVENTIONS = (
     "rlcli's fn(prompts, responses, answers, **fields), or TRL's fn(prompts, completions, "
     "**kwargs). In both, the record's other fields (a data file's columns, such as solution) "
-    "come as keyword lists, and completion_ids (token ids) when the function names it; it "
-    "returns one float per response (None = no reward)"
+    "come as keyword lists, and completion_ids (token ids) and trainer_state when the "
+    "function names them; it returns one float per response (None = no reward)"
 )
 
 
@@ -91,13 +95,29 @@ def call_keywords(
     answers: list[str],
     records: list[dict],
     token_ids: Callable[[], list[list[int]]],
+    conversations: list[list[dict] | None] | None = None,
+    trainer_state: dict | None = None,
 ) -> dict[str, list]:
-    """The keywords of one call over a batch, each a list with one entry per response.
-    `token_ids` is called only for a function that names completion_ids."""
+    """The keywords of one call over a batch, each a list with one entry per response (but
+    `trainer_state`, one dict). `token_ids` is called only for a function given completion_ids.
+    `conversations`: each response's prompt as chat messages (None: a text prompt), which a
+    function in TRL's convention gets as its prompt, with its completion as a message."""
     fields = [k for k in dict.fromkeys(k for r in records for k in r) if k not in OFFERED]
     wanted = [*plan.named, *(plan.base + tuple(fields) if plan.any_keyword else ())]
-    offered = {"prompts": prompts, "responses": responses, "completions": responses,
-               "answers": answers}  # fmt: skip
+    conversations = conversations or [None] * len(responses)
+    trl = "completions" in plan.base  # its prompts and completions in the dataset's format
+    offered = {
+        "prompts": [c or p for p, c in zip(prompts, conversations, strict=True)]
+        if trl
+        else prompts,
+        "responses": responses,
+        "completions": [
+            r if c is None else [{"role": "assistant", "content": r}]
+            for r, c in zip(responses, conversations, strict=True)
+        ],
+        "answers": answers,
+        "trainer_state": trainer_state or {},
+    }
     out = {}
     for key in dict.fromkeys(wanted):
         if key in offered:

@@ -39,6 +39,11 @@ def call_rule(fn: Callable[..., float], available: dict) -> float:
     return fn(**{k: available[k] for k in inspect.signature(fn).parameters})
 
 
+def reads_answer(fn: Callable[..., float]) -> bool:
+    """Whether the rule compares a response with the problem's answer."""
+    return "answer" in inspect.signature(fn).parameters
+
+
 # math-verify warns once that its time limits are off; rlcli.scoring sets its own.
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).setLevel(logging.ERROR)

@@ -58,6 +58,9 @@ class Sample:
     # The weight versions that sampled its tokens, oldest first (rollout workers; more than
     # one when the weights changed mid-response, sampler.max_staleness >= 1); None otherwise
     versions: list[int] | None = None
+    # Its prompt as chat messages, for conversational data (`Problem.conversation`); None
+    # for a text prompt
+    conversation: list[dict] | None = None
 
 
 @dataclass
@@ -167,6 +170,9 @@ class Scorer:
         from rlcli.rewards.models import OutcomeRewardModel, ProcessRewardModel
 
         self.cfg, self.max_new_tokens = cfg, max_new_tokens
+        # TRL's trainer_state for the functions that read it: the optimiser steps done, of how
+        # many (`at_step`; commands that only sample stay at step 0 of 0)
+        self.trainer_state = {"global_step": 0, "max_steps": 0}
         self.names = component_names(cfg)  # python: each function of reward.function
         names = set(cfg.components)
         specs = function_specs(cfg) if "python" in names else []
@@ -185,6 +191,10 @@ class Scorer:
             if "process" in names
             else None
         )
+
+    def at_step(self, global_step: int, max_steps: int) -> None:
+        """Training has done `global_step` of `max_steps` optimiser steps (trainer_state)."""
+        self.trainer_state = {"global_step": global_step, "max_steps": max_steps}
 
     def __call__(self, samples: list[Sample]) -> Scores:
         """`score`, then Unscorable when no response of the batch has a score."""
@@ -270,9 +280,8 @@ class Scorer:
         worker, n = self.workers[name], len(samples)
         timeout = self.cfg.timeout_s or math.inf  # 0: no limit
         budget = timeout * n
-        first = worker.call(
-            function_keywords(worker.plan, samples), budget if n == 1 else budget / 2
-        )
+        keywords = function_keywords(worker.plan, samples, self.trainer_state)
+        first = worker.call(keywords, budget if n == 1 else budget / 2)
         if first.error is None:
             errors.extend(f"{name}: {why}" for why in first.invalid.values())
             return torch.tensor(first.scores)
@@ -290,7 +299,7 @@ class Scorer:
                 scores.append(math.nan)
                 continue
             limit = min(timeout, left)
-            one = worker.call(function_keywords(worker.plan, [sample]), limit)
+            one = worker.call(function_keywords(worker.plan, [sample], self.trainer_state), limit)
             spent += one.seconds
             why = one.error or one.invalid.get(0)
             if one.timed_out:
@@ -343,7 +352,9 @@ def start_worker(spec: str) -> FunctionWorker:
         raise ConfigError(f"reward.function={spec!r}: {err} while importing it.") from None
 
 
-def function_keywords(plan: CallPlan, samples: list[Sample]) -> dict[str, list]:
+def function_keywords(
+    plan: CallPlan, samples: list[Sample], trainer_state: dict | None = None
+) -> dict[str, list]:
     """The keywords of a function's call over `samples`, as its convention has them."""
     return call_keywords(
         plan,
@@ -352,4 +363,6 @@ def function_keywords(plan: CallPlan, samples: list[Sample]) -> dict[str, list]:
         answers=[s.answer for s in samples],
         records=[s.record for s in samples],
         token_ids=lambda: [[] if s.token_ids is None else s.token_ids.tolist() for s in samples],
+        conversations=[s.conversation for s in samples],
+        trainer_state=trainer_state,
     )

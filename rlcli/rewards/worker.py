@@ -42,6 +42,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from rlcli.rewards.conventions import BadSignature, CallPlan, call_plan, read_scores
 
@@ -103,6 +104,8 @@ def load_function(spec: str) -> Callable:
 def call(fn: Callable, n: int, kwargs: dict) -> dict:
     """One call of the user's function over `n` responses, as the reply to send; every failure
     is caught."""
+    if "trainer_state" in kwargs:  # read as TRL's is: state.global_step, state.max_steps
+        kwargs["trainer_state"] = SimpleNamespace(**kwargs["trainer_state"])
     try:
         return read_scores(fn(**kwargs), n)
     except BaseException as err:  # SystemExit and KeyboardInterrupt too: this sample's error

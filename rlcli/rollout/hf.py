@@ -38,19 +38,36 @@ class HFSampler:
         top_p: float,
         max_new_tokens: int,
         gather=None,
+        *,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
     ):
         # `gather()`: a context in which a sharded model's own weights are whole (torchrun).
         self.gather = gather or contextlib.nullcontext
         self.model, self.tokenizer = model, tokenizer
         self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        # sampler.top_k's -1 means off, as 0 does; transformers takes only 0.
+        self.top_k, self.min_p = max(top_k, 0), min_p
+        self.repetition_penalty = repetition_penalty
         self.eos_ids = eos_token_ids(tokenizer, model)
 
     def _sampling(self, temperature: float | None, top_p: float | None) -> dict:
+        """generate()'s sampling arguments, each given even when off: a model's own
+        generation_config.json (top_k 50 by transformers' default; some set a repetition
+        penalty) must not change what rlcli samples."""
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
-        if temperature == 0:
-            return {"do_sample": False}
-        return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+        if temperature == 0:  # the policy's argmax (evaluation's accuracy): nothing reshapes it
+            return {"do_sample": False, "repetition_penalty": 1.0}
+        return {
+            "do_sample": True,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
 
     @contextlib.contextmanager
     def seeded(self, seed: int | None = None):

@@ -67,6 +67,8 @@ class SamplerSetup:
     learner: torch.nn.Module | None = None
     # Multi-turn episodes with tools (env.name != none): the sampler runs them.
     env: EnvConfig | None = None
+    # model.init_kwargs.trust_remote_code: an engine of its own runs the model's shipped code.
+    trust_remote_code: bool = False
 
 
 def hf_sampler(setup: SamplerSetup) -> Sampler:
@@ -75,7 +77,15 @@ def hf_sampler(setup: SamplerSetup) -> Sampler:
     s, learner = setup.cfg, setup.learner
     gather = (lambda: distributed.gathered(learner)) if learner is not None else None
     return HFSampler(
-        setup.policy, setup.tokenizer, s.temperature, s.top_p, s.max_new_tokens, gather
+        setup.policy,
+        setup.tokenizer,
+        s.temperature,
+        s.top_p,
+        s.max_new_tokens,
+        gather,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        repetition_penalty=s.repetition_penalty,
     )
 
 
@@ -85,7 +95,13 @@ def vllm_sampler(setup: SamplerSetup) -> Sampler:
         from rlcli.rollout.workers import WorkerSampler
 
         sampler = WorkerSampler(
-            setup.model_path, setup.tokenizer, eos_ids, setup.cfg, setup.dtype, setup.device
+            setup.model_path,
+            setup.tokenizer,
+            eos_ids,
+            setup.cfg,
+            setup.dtype,
+            setup.device,
+            setup.trust_remote_code,
         )
         sampler.sync(setup.policy)  # workers start from the model's file; a resumed run's
         return sampler  # weights differ
@@ -100,6 +116,7 @@ def vllm_sampler(setup: SamplerSetup) -> Sampler:
         setup.dtype,
         setup.device,
         setup.seed,
+        setup.trust_remote_code,
     )
     sampler.sync(setup.policy)  # a reused engine may hold another run's weights
     return sampler
@@ -133,6 +150,22 @@ def check_sampler(sampler: SamplerConfig) -> None:
         )
     if not 0 < sampler.top_p <= 1:
         raise ConfigError(f"sampler.top_p={sampler.top_p} is not allowed: it must be in (0, 1].")
+    if sampler.top_k < -1:
+        raise ConfigError(
+            f"sampler.top_k={sampler.top_k} is not allowed: it is the number of most likely "
+            "tokens sampled from, a whole number >= 1, or 0 (or -1) for off."
+        )
+    if not 0 <= sampler.min_p <= 1:
+        raise ConfigError(
+            f"sampler.min_p={sampler.min_p} is not allowed: it is a share of the most likely "
+            "token's probability, in [0, 1] (0 = off)."
+        )
+    if sampler.repetition_penalty <= 0:
+        raise ConfigError(
+            f"sampler.repetition_penalty={sampler.repetition_penalty} is not allowed: it "
+            "divides the logits of tokens already seen, so it must be > 0 (1.0 = off, > 1 "
+            "penalises repeats)."
+        )
     if sampler.temperature <= 0:
         raise ConfigError(
             f"sampler.temperature={sampler.temperature} is not allowed: it must be > 0."

@@ -58,12 +58,19 @@ def cuda_only_settings_changed(cfg: SamplerConfig) -> list[str]:
     return [f"sampler.{k}={getattr(cfg, k)}" for k in keys if getattr(cfg, k) != base[k]]
 
 
-def engine(model_path: str, dtype: str, cfg: SamplerConfig, device: torch.device):
-    """The process's vLLM engine for these settings (created, or reused when they match)."""
+def engine(
+    model_path: str,
+    dtype: str,
+    cfg: SamplerConfig,
+    device: torch.device,
+    trust_remote_code: bool = False,
+):
+    """The process's vLLM engine for these settings (created, or reused when they match);
+    `trust_remote_code`: model.init_kwargs', for a model that ships its own code."""
     global _engine
     on_cuda = device.type == "cuda"
     eager = cfg.enforce_eager if cfg.enforce_eager is not None else not on_cuda
-    key = (model_path, dtype, cfg.max_model_len, eager, device.type)
+    key = (model_path, dtype, cfg.max_model_len, eager, device.type, trust_remote_code)
     key += (
         (cfg.gpu_memory_utilization, cfg.tensor_parallel_size)
         if on_cuda
@@ -101,10 +108,12 @@ def engine(model_path: str, dtype: str, cfg: SamplerConfig, device: torch.device
             max_model_len=cfg.max_model_len,
             enforce_eager=eager,
             enable_prefix_caching=True,  # the G samples of a prompt share its prefill
-            # Log-probs after temperature (and top-p), i.e. of the distribution actually
-            # sampled; the learner divides its logits by the same temperature.
+            # Log-probs after temperature (and the repetition penalty, min-p, top-k, top-p),
+            # i.e. of the distribution actually sampled; the learner divides its logits by the
+            # same temperature and applies none of the rest (sampler.top_k's comment).
             logprobs_mode="processed_logprobs",
             use_tqdm_on_load=False,  # rlcli's progress bar is the one on the console
+            trust_remote_code=trust_remote_code,
             **memory,
         )
     _engine = (key, llm)
@@ -156,11 +165,17 @@ def sampling_settings(
 ) -> dict:
     """vLLM's sampling parameters for one call, as keyword arguments of `SamplingParams` (the
     engine in this process) or the JSON `sampling_params` of a worker's generate route;
-    `temperature` and `top_p`, when given, replace the sampler's (evaluation)."""
+    `temperature` and `top_p`, when given, replace the sampler's (evaluation). A greedy call
+    (temperature 0) is the policy's argmax: top_k and min_p cannot change it, and the
+    repetition penalty, which would, is left off."""
+    temperature = cfg.temperature if temperature is None else temperature
     return {
         "n": group_size,
-        "temperature": cfg.temperature if temperature is None else temperature,
+        "temperature": temperature,
         "top_p": cfg.top_p if top_p is None else top_p,
+        "top_k": max(cfg.top_k, 0),  # sampler.top_k=-1 is off, as 0 is
+        "min_p": cfg.min_p,
+        "repetition_penalty": cfg.repetition_penalty if temperature > 0 else 1.0,
         "max_tokens": cfg.max_new_tokens,
         "stop": list(cfg.stop) or None,
         "include_stop_str_in_output": True,  # the text must match the trained tokens
@@ -181,8 +196,9 @@ class VLLMSampler:
         dtype: str,
         device: torch.device,
         seed: int,
+        trust_remote_code: bool = False,
     ):
-        self.llm = engine(model_path, dtype, cfg, device)
+        self.llm = engine(model_path, dtype, cfg, device, trust_remote_code)
         self.tokenizer, self.eos_ids, self.cfg = tokenizer, eos_ids, cfg
         self.device, self.seed = device, seed
         self.calls = 0  # sampling calls so far; with the seed it fixes each call's randomness

@@ -3,7 +3,8 @@ change. They are written at INFO instead, so that a WARNING in train.log (where 
 `tracking.console`) is one worth reading; nothing is dropped.
 
 `ROUTINE_NOTICES`, raised as vLLM starts in the learner's process (the CPU build's missing
-optional kernels, eager mode, ...), are lowered for the rest of the process; two others only
+optional kernels, eager mode, ...; a second engine in the same process, as a sweep's next job
+starts one, raises a few more), are lowered for the rest of the process; two others only
 while what raises them runs: the cast of a checkpoint saved in another dtype as the engine
 loads it (`checkpoint_casts_expected`), and the "<layer>: Failed to load weights" of a weight
 reload for the layers that take no weights by design (`expected_reload_notices`).
@@ -36,6 +37,12 @@ ROUTINE_NOTICES = (
     ("vllm.engine.arg_utils", "The global random seed is set"),
     # Raised by vLLM looking through torch.distributed's attributes at import.
     ("py.warnings", "`torch.distributed.reduce_op` is deprecated"),
+    # Raised only when a second engine starts in this process (the next job of a sweep, a run
+    # on another model): the first engine's CPU worker put VLLM_DIST_IDENT in the environment,
+    # a name missing from vLLM's own list of its variables; and the CPU platform registers its
+    # kernels in place of Triton's again, one line per kernel.
+    ("vllm.platforms.interface", "Unknown vLLM environment variable detected: VLLM_DIST_IDENT"),
+    ("vllm.triton_utils.dispatcher", "is already registered. Overwriting."),
 )
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 WEIGHTS_LOGGER = "vllm.model_executor.models.utils"

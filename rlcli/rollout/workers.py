@@ -55,16 +55,19 @@ class WorkerSampler:
         cfg: SamplerConfig,
         dtype: str,
         device: torch.device,
+        trust_remote_code: bool = False,  # model.init_kwargs': the model ships its own code
     ):
         self.tokenizer, self.eos_ids, self.cfg, self.device = tokenizer, eos_ids, cfg, device
-        self.vocab = vocab_size(model_path, tokenizer)
+        self.vocab = vocab_size(model_path, tokenizer, trust_remote_code)
         self.local = None
         urls = [url.rstrip("/") for url in cfg.urls]
         # The dtype the workers hold weights in: `dtype` for those started here; a worker at a
         # URL runs in trainer.dtype (`rlcli rollout-server`), the policy's own: sent as it is.
         weights_dtype = None if urls else getattr(torch, dtype)
         if distributed.is_main() and not urls:
-            self.local = LocalWorkers(cfg.workers, model_path, dtype, cfg, log_dir())
+            self.local = LocalWorkers(
+                cfg.workers, model_path, dtype, cfg, log_dir(), trust_remote_code
+            )
             urls = self.local.urls
         self.urls = distributed.from_main(urls)  # under torchrun every rank samples from them
         self.client = WorkerClient(self.urls, cfg.worker_timeout_s, self.local)

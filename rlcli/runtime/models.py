@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from rlcli.config import ConfigError, ModelConfig, TrainerConfig
+from rlcli.runtime.init_kwargs import check_init_kwargs, trusts_remote_code
 from rlcli.runtime.lora import check_settings, is_adapter_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -128,11 +129,13 @@ def tiny_dir(cfg: ModelConfig, seed: int) -> Path:
     return _publish(build, target)
 
 
-def check_model(model: ModelConfig) -> None:
-    """A ConfigError for a hub model without a path, or LoRA settings that cannot work."""
+def check_model(model: ModelConfig, trainer: TrainerConfig) -> None:
+    """A ConfigError for a hub model without a path, LoRA settings that cannot work, or
+    model.init_kwargs that rlcli sets itself or that cannot apply on trainer.device."""
     check_settings(model.lora)
     if model.source == "hub" and not model.path:
         raise ConfigError("model.source=hub needs model.path=<local dir or hub id>.")
+    check_init_kwargs(dict(model.init_kwargs), trainer.attention, pick_device(trainer.device))
 
 
 def resolve_model_path(cfg: ModelConfig, seed: int) -> str:
@@ -293,10 +296,16 @@ def has_fast_bf16(device: torch.device) -> bool:
 
 
 def load_causal_lm(
-    path: str, dtype: str, device: torch.device, trainable: bool = True, key: str = "model.path"
+    path: str,
+    dtype: str,
+    device: torch.device,
+    trainable: bool = True,
+    key: str = "model.path",
+    init_kwargs: dict | None = None,
 ):
     """Load a causal LM for the learner (trainable) or as a frozen reference; `key` names the
-    config field `path` came from in the message when it cannot be loaded."""
+    config field `path` came from in the message when it cannot be loaded; `init_kwargs`
+    (model.init_kwargs, checked by `check_init_kwargs`) go to from_pretrained."""
     from transformers import AutoModelForCausalLM
 
     # On CPU, transformers' eager attention: PyTorch's fused CPU kernel (sdpa) is slower in the
@@ -304,12 +313,21 @@ def load_causal_lm(
     # 3.05 s against 3.55, scripts/bench_learner.py). Frozen models take it too, so that a
     # reference computes exactly what the policy it was copied from does (DPO's first implicit
     # rewards are 0). Its larger activations (the attention weights) are held one layer at a
-    # time under gradient checkpointing. GPUs keep sdpa.
+    # time under gradient checkpointing. GPUs keep sdpa. A user's attn_implementation wins.
     eager = {"attn_implementation": "eager"} if torch.device(device).type == "cpu" else {}
-    model = load_pretrained(
-        AutoModelForCausalLM, path, key, "a causal language model", dtype=getattr(torch, dtype),
-        **eager,
-    ).to(device)  # fmt: skip
+    given = dict(init_kwargs or {})
+    what = "a causal language model" + (f" with model.init_kwargs={given}" if given else "")
+    try:
+        model = load_pretrained(
+            AutoModelForCausalLM, path, key, what, dtype=getattr(torch, dtype), **{**eager, **given}
+        ).to(device)
+    except TypeError as err:  # an argument the model's class does not take
+        if not given:
+            raise
+        raise ConfigError(
+            f"model.init_kwargs={given}: {_first_line(err)}. Give only from_pretrained's "
+            "arguments or the model config's fields; ~model.init_kwargs.NAME drops one."
+        ) from None
     # Eval mode even while training: dropout would make the learner's log-probs of the same
     # tokens differ between passes, so the ratio of an unchanged policy would not be 1.
     model.eval()
@@ -327,9 +345,10 @@ def adamw(params, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
-def load_tokenizer(path: str, key: str = "model.path"):
+def load_tokenizer(path: str, key: str = "model.path", init_kwargs: dict | None = None):
     """The tokenizer saved with the model at `path` (its padding token the EOS when it has
-    none); `key` names the config field `path` came from in the message when there is none."""
+    none); `key` names the config field `path` came from in the message when there is none;
+    of `init_kwargs` (model.init_kwargs) it takes trust_remote_code."""
     from transformers import AutoTokenizer
 
     local = Path(path)
@@ -339,7 +358,8 @@ def load_tokenizer(path: str, key: str = "model.path"):
             f"{key}={path} holds no tokenizer (none of {', '.join(_TOKENIZER_FILES)}): save "
             "the model's tokenizer in the same directory (tokenizer.save_pretrained(DIR))."
         )
-    tokenizer = load_pretrained(AutoTokenizer, path, key, "the tokenizer")
+    remote = {"trust_remote_code": True} if trusts_remote_code(init_kwargs) else {}
+    tokenizer = load_pretrained(AutoTokenizer, path, key, "the tokenizer", **remote)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -123,7 +123,8 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
         Metric("batch/trained_token_share", "Share of the sampled response tokens that enter "
                "the loss (0: the step trained on nothing; a warning says why)."),
         Metric("batch/response_utilisation", "Share of responses with a non-zero advantage "
-               "(the rest carry no policy gradient)."),
+               "and tokens in the loss (the rest carry no policy gradient; 0: the step had no "
+               "learning signal, and a warning says why)."),
         Metric("batch/groups_all_equal", "Share of sampled groups whose algo.filter_metric "
                "was the same for every response."),
         Metric("batch/gen_batches", "Generation rounds sampled this step (more than 1 with "

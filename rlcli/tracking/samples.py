@@ -9,6 +9,8 @@ episode: its turns in order (the model's text; each call's tool, input, output a
 whether each turn trained, and the counts of trained and context (tool turn) tokens. With
 rollout workers `policy_versions` lists the weight versions that sampled the response's
 tokens (more than one when new weights arrived mid-response, sampler.max_staleness >= 1).
+For conversational data `conversation` holds the prompt's chat messages (system and earlier
+turns; `prompt` is its last user message).
 Every `logger.print_samples_every` steps (0 = never) the first few of them are printed as a
 table above the progress bar, as TRL's `log_completions` does (with tools, with the number of
 calls each episode made).
@@ -51,6 +53,8 @@ def sample_rows(step: int, samples: Sequence, advantages: dict) -> list[dict]:
             rows[-1]["episode"] = s.episode
         if s.versions is not None:  # the policy versions it spans (rollout workers)
             rows[-1]["policy_versions"] = s.versions
+        if s.conversation is not None:  # conversational data: the prompt's messages
+            rows[-1]["conversation"] = s.conversation
     return rows
 
 

@@ -48,6 +48,7 @@ class ScoredSample:
     length: int = 0  # response tokens
     episode: dict | None = None  # env=...: the whole episode (`env.episode.Episode.transcript`)
     versions: list[int] | None = None  # rollout workers: the weight versions its tokens span
+    conversation: list[dict] | None = None  # conversational data: the prompt's messages
 
 
 class RecordingScorer:
@@ -61,6 +62,9 @@ class RecordingScorer:
     def __init__(self, scorer):
         self.scorer = scorer
         self.recorded: list[ScoredSample] | None = None
+
+    def at_step(self, global_step: int, max_steps: int) -> None:
+        self.scorer.at_step(global_step, max_steps)
 
     def __call__(self, samples):
         scores = self.scorer(samples)
@@ -77,6 +81,7 @@ class RecordingScorer:
                     s.length,
                     s.episode,
                     s.versions,
+                    s.conversation,
                 )
                 for i, (s, reward) in enumerate(zip(samples, scores.total.tolist(), strict=True))
             ]

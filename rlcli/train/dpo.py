@@ -120,7 +120,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
     device = pick_device(t.device)
     train_pairs, test_pairs = load_splits(cfg.data)  # data=pairs: lists of Pair
     model_path = resolve_model_path(cfg.model, t.seed)
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, init_kwargs=cfg.model.init_kwargs)
     # The reference is the initial policy: its log-probs are computed once and cached, and
     # the model is dropped before training starts. With LoRA it is the policy's base model
     # (its adapters off), so no second model is loaded at all.
@@ -130,7 +130,9 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
         with adapters_off(policy):
             cache = reference_logprobs(policy, tokenizer, pairs, cfg, device)
     else:
-        reference = load_causal_lm(model_path, t.dtype, device, trainable=False)
+        reference = load_causal_lm(
+            model_path, t.dtype, device, trainable=False, init_kwargs=cfg.model.init_kwargs
+        )
         cache = reference_logprobs(reference, tokenizer, pairs, cfg, device)
         del reference
         gc.collect()

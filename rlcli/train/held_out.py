@@ -137,7 +137,7 @@ def evaluate(
         for i, problem in enumerate(chunk):
             replies = range(i * cfg.k, (i + 1) * cfg.k)
             record = {
-                "id": problem.id,
+                "problem_id": problem.id,  # the key samples.jsonl uses
                 "prompt": problem.question,
                 "answer": problem.answer,
                 "greedy": reply_record(greedy, greedy_scores, i, cfg.correct_above),
@@ -146,6 +146,8 @@ def evaluate(
                 ],
             }
             record["correct_samples"] = sum(r["correct"] for r in record["samples"])
+            if problem.conversation is not None:  # conversational data: the prompt's messages
+                record["conversation"] = list(problem.conversation)
             records.append(record)
         sampled.append((sampled_scores.total > cfg.correct_above).view(len(chunk), cfg.k))
         bar.update(len(chunk))

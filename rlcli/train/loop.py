@@ -57,8 +57,8 @@ class Trainer:
     describe: Callable[[Any], str]  # run -> what is trained, for the first line printed
     before: Callable[[Any], str | None] = lambda run: None  # a line to print before step 1
     headline: str = "reward/mean"  # the metric the progress bar shows
-    # (run, a step's metrics) -> why that step trained on no tokens, or None when it trained
-    untrained: Callable[[Any, dict], str | None] = lambda run, metrics: None
+    # (run, a step's metrics) -> why that step learned nothing, or None when it had a signal
+    no_signal: Callable[[Any, dict], rl_step.NoSignal | None] = lambda run, metrics: None
 
 
 def rl_train_step(run: rl.Run) -> tuple[dict[str, float], list, dict]:
@@ -111,7 +111,9 @@ TRAINERS: dict[str, Trainer] = {
         evaluate=rl_evaluate,
         save=rl.save,
         describe=lambda run: f"training {run.model_path} on {run.device}",
-        untrained=lambda run, metrics: rl_step.untrained_reason(run.cfg, metrics),
+        no_signal=lambda run, metrics: rl_step.no_signal(
+            run.cfg, metrics, group_relative="groups" in run.estimator.needs
+        ),
     ),
     "dpo": Trainer(
         setup=dpo.setup,
@@ -278,7 +280,8 @@ def train(cfg: Config, run_dir: Path) -> Path:
         evaluate_before_training(trainer, run, run_dir, tracker)
     elif run.step == 0 and (line := trainer.before(run)):
         tracker.write(line)
-    first_step, untrained = run.step + 1, []  # steps of this start that trained on no tokens
+    # (what a step lacked, the metric that shows it) -> the steps of this start that lacked it
+    first_step, unlearned = run.step + 1, {}
     last_saved = run.step  # the checkpoint resumed from, or nothing (0)
     with LoopGuard(t.max_bad_steps, tracker.write, own_pieces(cfg)) as guard:
         while run.step < t.max_steps:
@@ -308,13 +311,13 @@ def train(cfg: Config, run_dir: Path) -> Path:
             except Unscorable as err:  # the evaluation measured nothing; the step is sound
                 unscored_evaluation(err, run.step, tracker)
             tracker.log(metrics, samples, advantages)
-            if (why := trainer.untrained(run, metrics)) is not None:
-                if not untrained:  # once a run: the count comes at the end
+            if (lack := trainer.no_signal(run, metrics)) is not None:
+                if (lack.what, lack.metric) not in unlearned:  # once a run; counted at the end
                     tracker.write(
-                        f"rlcli: warning: step {run.step} trained on no tokens "
-                        f"(batch/trained_token_share=0, loss and gradient 0): {why}."
+                        f"rlcli: warning: step {run.step} {lack.what} ({lack.metric}, "
+                        f"{lack.effect}): {lack.why}."
                     )
-                untrained.append(run.step)
+                unlearned.setdefault((lack.what, lack.metric), []).append(run.step)
             guard.observe(run.step, metrics)
             if lost is not None:
                 raise worker_lost(lost, run, trainer, tracker, run_dir) from None
@@ -327,11 +330,10 @@ def train(cfg: Config, run_dir: Path) -> Path:
                 tracker.finish()
                 raise guard.stop(run.step, saved, run_dir)
     curves = tracker.finish()
-    if untrained:
+    for (what, metric), steps in unlearned.items():
         say(
-            f"rlcli: warning: {len(untrained)} of the {run.step - first_step + 1} steps trained "
-            f"on no tokens (batch/trained_token_share=0); the warning at step {untrained[0]} "
-            "says why."
+            f"rlcli: warning: {len(steps)} of the {run.step - first_step + 1} steps {what} "
+            f"({metric}); the warning at step {steps[0]} says why."
         )
     say(f"rlcli: metrics in {tracker.path}")
     say(f"rlcli: curves in {curves}")

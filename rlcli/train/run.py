@@ -16,8 +16,8 @@ import torch
 from rlcli.collect.batches import Collector, Shaping
 from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
+from rlcli.data.files import read_texts
 from rlcli.data.problems import Problem, PromptRenderer, PromptStream, fit_prompts, prompt_renderer
-from rlcli.data.records import read_texts
 from rlcli.env import response_budget
 from rlcli.lifecycle.checkpoint import (
     apply_optimizer_settings,
@@ -36,6 +36,7 @@ from rlcli.rewards.components import component_names
 from rlcli.rewards.scorer import Scorer
 from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler, objective_sampler
 from rlcli.runtime import distributed
+from rlcli.runtime.init_kwargs import trusts_remote_code
 from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
 from rlcli.runtime.memory import activation_bytes, free_bytes
 from rlcli.runtime.models import (
@@ -111,7 +112,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
     scorer.check_records(train_set, cfg.data.name)  # the record fields the rewards read
     model_path = resolve_model_path(cfg.model, t.seed)
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, init_kwargs=cfg.model.init_kwargs)
     render = prompt_renderer(cfg, tokenizer)  # the system message and tools, fixed once
     train_set = fit_prompts(cfg, render, train_set, "training")
     test_set = fit_prompts(cfg, render, test_set, "held-out")
@@ -136,7 +137,13 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     # With LoRA the reference is the policy itself with its adapters off (`lora.adapters_off`).
     reference = None
     if algo.beta:
-        reference = policy if lora else load_causal_lm(model_path, compute, device, False)
+        reference = (
+            policy
+            if lora
+            else load_causal_lm(
+                model_path, compute, device, False, init_kwargs=cfg.model.init_kwargs
+            )
+        )
         if t.attention != "auto":
             reference.set_attn_implementation(t.attention)
     critic = critic_optimizer = None
@@ -156,6 +163,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
             t.seed,
             learner if sharded else None,
             cfg.env,
+            trusts_remote_code(cfg.model.init_kwargs),
         )
     )
     # Decided once the rest of the run is loaded, by the memory left for the activations.
@@ -251,11 +259,13 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def load_policy(cfg: Config, model_path: str, device, checkpoint: Path | None):
     """The policy to train: the model, from `checkpoint` when resuming. With LoRA it is the base
     model with fresh adapters, or with the checkpoint's (which holds the adapters only)."""
-    t, lora = cfg.trainer, cfg.model.lora
+    t, lora, init_kwargs = cfg.trainer, cfg.model.lora, cfg.model.init_kwargs
     if not lora.rank:
         key = "trainer.resume" if checkpoint else "model.path"  # named when it fails to load
-        return load_causal_lm(str(checkpoint or model_path), t.dtype, device, key=key)
-    policy = load_causal_lm(model_path, t.dtype, device)
+        return load_causal_lm(
+            str(checkpoint or model_path), t.dtype, device, key=key, init_kwargs=init_kwargs
+        )
+    policy = load_causal_lm(model_path, t.dtype, device, init_kwargs=init_kwargs)
     if checkpoint is None:
         add_adapters(policy, lora)
     else:

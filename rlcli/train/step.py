@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -56,6 +57,82 @@ def untrained_reason(cfg: Config, metrics: dict[str, float]) -> str | None:
     return "no response token was left in the loss"
 
 
+@dataclass(frozen=True)
+class NoSignal:
+    """Why a step learned nothing from its batch, as its warning says it: `what` it lacked,
+    the `metric` that shows it (the two name the cause, counted at the run's end), the
+    `effect` on the update, and `why`, with the setting to change."""
+
+    what: str
+    metric: str
+    effect: str
+    why: str
+
+
+def no_signal(cfg: Config, metrics: dict[str, float], group_relative: bool) -> NoSignal | None:
+    """Why a step with `metrics` learned nothing, or None when it had a signal: no token in
+    the loss first (`untrained_reason`), else no trained response with a non-zero advantage
+    (`zero_advantage_reason`). Read from what the step trained on, not from the algorithm's
+    name, so every estimator is covered: GAE's critic rarely gives exact zeros, the group
+    estimators do on every group of equal rewards. `group_relative`: the estimator compares a
+    response with its group's."""
+    if (why := untrained_reason(cfg, metrics)) is not None:
+        return NoSignal(
+            "trained on no tokens", "batch/trained_token_share=0", "loss and gradient 0", why
+        )
+    if (why := zero_advantage_reason(cfg, metrics, group_relative)) is not None:
+        zero = "every trained response's advantage 0"
+        return NoSignal("had no learning signal", "batch/response_utilisation=0", zero, why)
+    return None
+
+
+def zero_advantage_reason(
+    cfg: Config, metrics: dict[str, float], group_relative: bool
+) -> str | None:
+    """Why every trained response of a step with `metrics` had advantage 0, what gradient is
+    left and the settings to change, in a line; None when one had a non-zero advantage."""
+    if metrics.get("batch/response_utilisation", 1.0) > 0:
+        return None
+    algo = cfg.algo
+    estimator = f"algo.advantage={algo.advantage}"
+    same = (
+        f"every response got the same reward ({metrics['reward/mean']:g}, reward/std=0)"
+        if metrics.get("reward/std") == 0
+        else "the responses of each group got the same reward"
+    )
+    if group_relative:
+        cause = f"{same}, so the group-relative advantages of {estimator} are all 0"
+    else:
+        zero = f"{estimator} gave every trained response an advantage of 0"
+        cause = f"{same}, so {zero}" if metrics.get("reward/std") == 0 else zero
+    left = []  # the gradient the step still has: the objective's terms that need no advantage
+    if algo.beta > 0 and algo.kl_in == "loss":
+        left.append(f"the KL penalty's (algo.beta={algo.beta}), which only pulls to the reference")
+    if algo.entropy_coef:
+        left.append(f"the entropy bonus's (algo.entropy_coef={algo.entropy_coef})")
+    if algo.ptx_coef > 0:
+        left.append(f"the pretraining loss's (algo.ptx_coef={algo.ptx_coef})")
+    gradient = f" but {' and '.join(left)}" if left else ""
+    raise_ = f"trainer.group_size={cfg.trainer.group_size} or " if group_relative else ""
+    fixes = [
+        "make the reward tell responses apart (partial credit, another component)",
+        "use prompts the model solves some of the time",
+        f"raise {raise_}sampler.temperature={cfg.sampler.temperature}",
+    ]
+    if not algo.dynamic_sampling:  # it drops the groups of equal values and samples more
+        fixes.append(
+            "turn on dynamic sampling (algo.dynamic_sampling=true, as algo=dapo does), which "
+            "trains only on groups whose responses differ"
+        )
+    elif algo.filter_metric != "total":  # it kept groups whose filter values, not rewards, differ
+        fixes.append(
+            f"set algo.filter_metric=total (now {algo.filter_metric}), so that dynamic sampling "
+            "keeps the groups whose rewards differ"
+        )
+    fix = f"{', '.join(fixes[:-1])}, or {fixes[-1]}"
+    return f"{cause} and the policy loss has no gradient{gradient}: {fix}"
+
+
 def response_advantages(rollout: Rollout, advantages: torch.Tensor) -> dict:
     """{(problem id, response text): advantage} of a batch; [B, T] advantages are averaged over
     each response's tokens."""
@@ -78,6 +155,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     t = run.cfg.trainer
     start = time.perf_counter()
     # With sampler.max_staleness the workers sample the next steps' batches while this one trains.
+    run.scorer.at_step(run.step, t.max_steps)  # TRL's trainer_state, for reward functions
     rollout, scores, metrics = run.collector.next_batch(steps_after=t.max_steps - run.step - 1)
     sampled = time.perf_counter()
     lengths = rollout.lengths.float()  # response tokens, tool turns left out
@@ -99,7 +177,8 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     metrics.update(run.sampler.metrics())
     adapt_kl_beta(run, epochs[-1].get("loss/kl", metrics.get("loss/kl")), len(rollout.texts))
 
-    # A response teaches something when it has a non-zero advantage and tokens in the loss.
+    # A response teaches something when it has a non-zero advantage and tokens in the loss
+    # (none does: `no_signal` says why).
     in_loss = (rollout.response_mask.sum(-1) > 0).to(batch.advantages.device)
     signal = batch.advantages.abs().reshape(len(rollout.texts), -1).amax(-1) > 0
     step_metrics = {
