@@ -78,6 +78,8 @@ class TemplateCalls:
         except json.JSONDecodeError as err:
             why = f"{err.msg} at column {err.colno}"
             return f"Error: the call is not JSON ({why}); write {self.example}."
+        except RecursionError:  # json.loads recurses once per bracket: 1,000 `[` pass the limit
+            return f"Error: the call is not JSON (nested too deep); write {self.example}."
         name = call.get(self.name_key) if isinstance(call, dict) else None
         if not isinstance(name, str):
             return f'Error: the call names no tool under "{self.name_key}"; write {self.example}.'
@@ -85,7 +87,7 @@ class TemplateCalls:
         if isinstance(arguments, str):  # some models write the arguments as a JSON string
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 return name, arguments
         if not isinstance(arguments, dict | str):
             return f'Error: "{self.arguments_key}" must be a JSON object; write {self.example}.'

@@ -5,23 +5,26 @@ time limit or when its output passes `OUTPUT_BYTES`, everything it started kille
 system contains it, through bubblewrap (`bwrap`, a tool made for unprivileged containers):
 - its own pid, network, ipc, uts, mount and cgroup namespaces: no other process, no network
   (a loopback of its own), no host socket, Unix or abstract;
-- a root of its own holding only /usr, the Python installation and the child script, all
-  read-only; its own /proc and a minimal /dev, read-only too; a tmpfs of `disk_mb` MiB as
-  /tmp, its working directory and only writable place (another bounded one on /dev/shm), gone
-  when it ends;
+- a root of its own holding only /usr, the Python installation (at its own paths, under /tmp
+  too) and the child script, all read-only; its own /proc and a minimal /dev, read-only too; a
+  tmpfs of `disk_mb` MiB as /tmp, its working directory and only writable place (another
+  bounded one on /dev/shm), gone when it ends;
 - an unprivileged user with no capabilities: started by root, bubblewrap makes the namespaces
-  and `setpriv` then becomes `nobody` (65534) inside, so rlimits bind (started by another
-  user, bubblewrap's user namespace maps the box's user to that user, and nested user
-  namespaces are disabled);
+  and `setpriv` then becomes a user of the box's own (`BOX_UIDS`), so rlimits bind and no
+  per-user count is shared; bubblewrap's init, pid 1, stays root's, out of that user's reach.
+  Started by another user, bubblewrap's user namespace maps the box's user to that user,
+  nested user namespaces are disabled, and the code is pid 1 itself (`--as-pid-1`): no init
+  of that same user beside it;
 - the seccomp filter of `seccomp.py` (no new process or thread, no memory the address-space
-  limit misses: memfd, System V shared memory, extended attributes; sockets only of the
-  families the network namespace contains, so no AF_VSOCK); a new session; killed with its
-  parent;
+  limit misses: memfd, System V shared memory, extended attributes; no inotify instance;
+  sockets only of the families the network namespace contains, so no AF_VSOCK); a new
+  session; killed with its parent;
 - where this user can make one (root under cgroup v1's memory hierarchy, or a v2 cgroup with
   the memory controller open), a memory cgroup of the code's limit, its two tmpfs and
   `CGROUP_SLACK_MB`: the one limit that counts the kernel's memory too (files' inodes);
 - bubblewrap itself started with a minimal environment, so no process of the box can read the
-  trainer's tokens (the box's pid 1 keeps the environment it was started with);
+  trainer's tokens (the box's pid 1 keeps the environment it was started with), and given its
+  options in a file (`--args`), so bubblewrap's command line names no host path;
 - rlimits and the audit hook that `sandbox_child.py` adds inside: CPU, address space, file
   size, no new process or thread, 256 open files, no core; the hook only gives clearer
   messages.
@@ -38,6 +41,7 @@ import functools
 import json
 import math
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -48,6 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlcli.env.box_cgroup import CGROUP_SLACK_MB, ENTER_CGROUP, make_cgroup, remove_cgroup
 from rlcli.env.calls import ToolResult
 from rlcli.env.seccomp import filter_program
 
@@ -57,19 +62,13 @@ OUTPUT_BYTES = 64 * 1024
 SANDBOXES = ("bwrap", "none")
 # Where the box's writable tmpfs is mounted, and the child script inside the box.
 BOX_HOME, BOX_CHILD = "/tmp", "/rlcli/sandbox_child.py"
-NOBODY = 65534
+# Started by root, each box becomes a user drawn from this range, which no host account uses:
+# the kernel's per-user counts (processes, inotify instances, pipe pages, descriptors in
+# flight) are then each box's own, shared with no other box and no host daemon (`nobody`'s
+# were). Two boxes at once draw the same one about once in a billion.
+BOX_UIDS = (2**31, 2**31 + 2**30)
 # The one environment bubblewrap itself sees, and the one the box's code sees.
 BWRAP_ENV = {"PATH": "/usr/bin:/bin"}
-# Where a memory cgroup can be made, the box runs in one of its code's limit, its two tmpfs and
-# this much for what the kernel keeps for it (page tables, files' inodes, sockets' queues):
-# the one limit that counts everything, which the rlimits and the filter cannot.
-CGROUP_SLACK_MB = 64
-# The files that set a cgroup's memory limit and its swap (cgroup v1, v2).
-V1 = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
-V2 = ("memory.max", "memory.swap.max")
-# Run by sh as `sh -c ENTER_CGROUP PROCS COMMAND...`: moves itself into the cgroup, then becomes
-# bubblewrap, so that every process of the box starts inside it.
-ENTER_CGROUP = 'echo $$ > "$0" && exec "$@"'
 CODE_ENV = {
     "PATH": "/usr/bin:/bin",
     "HOME": BOX_HOME,
@@ -83,53 +82,57 @@ def run_python(
     code: str, timeout_s: float, memory_mb: int, disk_mb: int = 64, sandbox: str = "bwrap"
 ) -> ToolResult:
     # CPU seconds a little above the wall-clock limit, which stops the process first; the CPU
-    # limit only backs it up (SIGXCPU is reported as a time-out too).
+    # limit only backs it up (`_run` says why no exit status is read as a time-out).
     limits = {"cpu_s": math.ceil(timeout_s) + 1, "memory_mb": memory_mb, "boxed": False}
     if sandbox == "none":
         command = [sys.executable, "-I", "-u", str(CHILD), "code", json.dumps(limits)]
         return _in_temporary_directory(command, code, timeout_s)
     limits["boxed"] = True
     program = filter_program()
-    seccomp = _memfd(program) if program else None
-    cgroup = _make_cgroup(memory_mb + 2 * disk_mb + CGROUP_SLACK_MB)
+    fds = [_memfd(program)] if program else []
+    cgroup = make_cgroup(memory_mb + 2 * disk_mb + CGROUP_SLACK_MB)
     try:
-        command = [*box_command(disk_mb, seccomp), sys.executable, "-I", "-u", BOX_CHILD]
-        command += ["code", json.dumps(limits)]
+        # bubblewrap reads its options from a file, so that its command line, which its init
+        # in the box keeps, names none of the host's paths.
+        fds.append(_memfd(b"".join(o.encode() + b"\0" for o in box_options(disk_mb, *fds[:1]))))
+        command = [bwrap_path(), "--args", str(fds[-1]), "--", *box_user()]
+        command += [sys.executable, "-I", "-u", BOX_CHILD, "code", json.dumps(limits)]
         if cgroup is not None:
             command = ["sh", "-c", ENTER_CGROUP, str(cgroup / "cgroup.procs"), *command]
-        fds = (seccomp,) if seccomp is not None else ()
         return _run(command, code, timeout_s, cwd="/", env=BWRAP_ENV, pass_fds=fds)  # cwd / = box
     finally:
-        if seccomp is not None:
-            os.close(seccomp)
+        for fd in fds:
+            os.close(fd)
         if cgroup is not None:
-            _remove_cgroup(cgroup)
+            remove_cgroup(cgroup)
 
 
-def box_command(disk_mb: int, seccomp_fd: int | None = None) -> list[str]:
-    """The `bwrap ... [setpriv ...]` prefix of a command that runs in a new box."""
+def box_options(disk_mb: int, seccomp_fd: int | None = None) -> list[str]:
+    """bubblewrap's options for a new box (`bwrap OPTIONS -- COMMAND`)."""
     root = os.geteuid() == 0
-    cmd = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+    cmd = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     cmd += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
     if not root:
-        cmd += ["--unshare-user", *(["--disable-userns"] if _bwrap_has("--disable-userns") else [])]
+        # The code is the box's pid 1: bubblewrap's init would be the code's own user without
+        # its rlimits, whose memory the code could write through /proc/1/mem. Root's init is
+        # out of the box's user's reach, and stays: it passes --die-with-parent's signal on,
+        # which the box's user could not receive from root.
+        cmd += ["--as-pid-1", "--unshare-user"]
+        cmd += ["--disable-userns"] if _bwrap_has("--disable-userns") else []
     cmd += ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
         if os.path.islink(top):
             cmd += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             cmd += ["--ro-bind", top, top]
-    for path in _python_paths():
-        # Parents made traversable: /root is 0700 outside, and `nobody` must reach a pyenv.
-        for parent in reversed(Path(path).parents[:-1]):
-            if not str(parent).startswith("/usr"):
-                cmd += ["--perms", "0755", "--dir", str(parent)]
-        cmd += ["--ro-bind", path, path]
+    size = str(disk_mb * 2**20)
+    # The writable tmpfs first: a Python installed under /tmp is then bound inside it, not
+    # hidden by it.
+    cmd += ["--perms", "1777", "--size", size, "--tmpfs", BOX_HOME]
+    cmd += _python_mounts()
     cmd += ["--perms", "0755", "--dir", os.path.dirname(BOX_CHILD)]
     cmd += ["--ro-bind", str(CHILD), BOX_CHILD, "--proc", "/proc", "--dev", "/dev"]
-    size = str(disk_mb * 2**20)
-    for place in (BOX_HOME, "/dev/shm"):  # writable by the box's user, sticky as usual
-        cmd += ["--perms", "1777", "--size", size, "--tmpfs", place]
+    cmd += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]  # sticky, as usual
     # bubblewrap's root and /dev are tmpfs of no size (half the machine's memory), owned by
     # the box's user when it is not root: read-only, they leave the two above the only
     # writable places (the mounts on them stay writable, and a device node still opens).
@@ -139,11 +142,42 @@ def box_command(disk_mb: int, seccomp_fd: int | None = None) -> list[str]:
         cmd += ["--setenv", key, value]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
-    cmd.append("--")
-    if root:  # nobody, no groups, no capabilities, and none to be gained
-        cmd += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-        cmd += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
     return cmd
+
+
+def box_user() -> list[str]:
+    """Started by root, the `setpriv` prefix that makes the box's command a user of its own
+    (`box_uid`) with no groups, no capabilities and none to be gained; otherwise nothing."""
+    if os.geteuid() != 0:
+        return []
+    uid = box_uid()
+    cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    return cmd + ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+
+
+def _python_mounts() -> list[str]:
+    """The Python installation's folders, read-only at their own paths (a venv names its base
+    installation by path), their parents made traversable: /root is 0700 outside, and the
+    box's user must reach a pyenv."""
+    cmd = []
+    for path in _python_paths():
+        for parent in reversed(Path(path).parents[:-1]):
+            if not str(parent).startswith("/usr") and str(parent) != BOX_HOME:
+                cmd += ["--perms", "0755", "--dir", str(parent)]
+        cmd += ["--ro-bind", path, path]
+    return cmd
+
+
+def box_uid() -> int:
+    """A user for a box started by root: one of `BOX_UIDS`, drawn anew per box."""
+    low, high = BOX_UIDS
+    return low + secrets.randbelow(high - low)
+
+
+def bwrap_path() -> str:
+    """bubblewrap as the user's PATH finds it (/usr/local/bin too), run by that path: the box's
+    command itself runs with `BWRAP_ENV`'s PATH."""
+    return shutil.which("bwrap") or "bwrap"
 
 
 def sandbox_problem(sandbox: str) -> str | None:
@@ -161,14 +195,20 @@ def sandbox_problem(sandbox: str) -> str | None:
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return "started by root, the python tool's box needs `setpriv` (package util-linux)."
     probe = run_python("print(6 * 7)", 20, 256)
-    if probe.text != "42":
+    if probe.text == "42":
+        return None
+    said = " ".join(probe.text.split())[:300]
+    if said.startswith("bwrap:") and "execvp" not in said:  # bubblewrap's own complaint
         return (
-            "bubblewrap is installed but could not start the python tool's box here (it needs "
-            "user namespaces, or root); it said: "
-            + " ".join(probe.text.split())[:300]
-            + ". Set env.sandbox=none to run the code without isolation (unsafe)."
+            "bubblewrap is installed but could not make the python tool's box here (it needs "
+            f"user namespaces, or root); it said: {said}. Set env.sandbox=none to run the code "
+            "without isolation (unsafe)."
         )
-    return None
+    held = "".join(f", {path}" for path in _python_paths())
+    return (
+        f"bubblewrap made the python tool's box, but this Python ({sys.executable}) did not "
+        f"run in it (the box holds /usr, /bin, /lib{held}); it said: {said}"
+    )
 
 
 def run_function(spec: str, argument: str, timeout_s: float) -> ToolResult:
@@ -192,73 +232,14 @@ def check_function(spec: str, timeout_s: float) -> str | None:
     return (done.text or "it failed") if (done.error or done.timeout) else None
 
 
-def _make_cgroup(limit_mb: int) -> Path | None:
-    """A new memory cgroup holding at most `limit_mb` MiB, where this user can make one and
-    enter it (`_cgroup_places`); None elsewhere."""
-    for base, files in _cgroup_places():
-        try:
-            path = Path(tempfile.mkdtemp(prefix="rlcli-box-", dir=base))
-        except OSError:
-            continue
-        try:
-            (path / files[0]).write_text(str(limit_mb * 2**20))
-            if (path / files[1]).exists():  # no swap either (v1: memory and swap together)
-                (path / files[1]).write_text(str(limit_mb * 2**20) if files == V1 else "0")
-            return path
-        except OSError:
-            _remove_cgroup(path)
-    return None
-
-
-@functools.cache
-def _cgroup_places() -> tuple[tuple[Path, tuple[str, str]], ...]:
-    """Where a box's memory cgroup can go: under this process's own cgroup, in v1's memory
-    hierarchy, or in v2's where the memory controller is open to children (a v2 cgroup with
-    processes cannot open it: in practice only root's top). Each kept once a cgroup made there
-    could be entered."""
-    places = []
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, own = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            places.append((Path("/sys/fs/cgroup/memory" + own), V1))
-        elif not controllers:
-            for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-                control = Path(mount + own) / "cgroup.subtree_control"
-                if control.is_file() and "memory" in control.read_text().split():
-                    places.append((control.parent, V2))
-    return tuple(place for place in places if _can_enter(place))
-
-
-def _can_enter(place: tuple[Path, tuple[str, str]]) -> bool:
-    path = None
-    try:
-        path = Path(tempfile.mkdtemp(prefix="rlcli-box-", dir=place[0]))
-        enter = ["sh", "-c", ENTER_CGROUP, str(path / "cgroup.procs"), "true"]
-        return subprocess.run(enter, capture_output=True, env=BWRAP_ENV).returncode == 0
-    except OSError:
-        return False
-    finally:
-        if path is not None:
-            _remove_cgroup(path)
-
-
-def _remove_cgroup(path: Path) -> None:
-    """Removed once the box's last process has gone (it dies with bubblewrap, a moment
-    later); left behind empty after 2 s."""
-    for _ in range(100):
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
-
-
-@functools.cache
 def _bwrap_has(flag: str) -> bool:
-    shown = subprocess.run(["bwrap", "--help"], capture_output=True, text=True)
-    return flag in shown.stdout + shown.stderr
+    return flag in _bwrap_help(bwrap_path())
+
+
+@functools.cache
+def _bwrap_help(bwrap: str) -> str:
+    shown = subprocess.run([bwrap, "--help"], capture_output=True, text=True)
+    return shown.stdout + shown.stderr
 
 
 def _python_paths() -> list[str]:
@@ -315,7 +296,12 @@ def _run(
     if cwd == "/" and code > 128 and code - 128 in signal.valid_signals():
         code = 128 - code  # bubblewrap exits 128 + N for a box killed by signal N
     text = output.decode(errors="replace").strip()
-    if why == "timeout" or code == -signal.SIGXCPU:
+    # A time-out is the wall clock's only: no exit status can tell that the CPU limit struck.
+    # Code can exit with any status (152 from the box reads as SIGXCPU), and the CPU limit,
+    # soft = hard, kills with SIGKILL, as a memory limit does. It is set above the wall-clock
+    # limit, which a process of one thread reaches first (the box allows no other; outside it,
+    # root's threads can reach it sooner, and read as SIGKILL).
+    if why == "timeout":
         return ToolResult(f"{text}\nError: stopped after {timeout_s:g} s".strip(), timeout=True)
     if why == "too long":
         cut = (
@@ -324,8 +310,10 @@ def _run(
         return ToolResult(cut, error=True)
     if code != 0:
         if not text or code < 0:
-            name = signal.Signals(-code).name if code < 0 else f"status {code}"
-            text = f"{text}\nError: the process ended with {name}".strip()
+            how = f"exited with status {code}"
+            if code < 0:
+                how = f"ended with {signal.Signals(-code).name}"
+            text = f"{text}\nError: the process {how}".strip()
         return ToolResult(text, error=True)
     return ToolResult(text)
 

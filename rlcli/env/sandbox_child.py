@@ -139,11 +139,22 @@ def run_code(code: str, limits: dict) -> None:
 
     try:
         exec(compile(code, "<tool>", "exec"), {"__name__": "__main__"})
-    except SystemExit:
-        raise
+    except SystemExit as done:
+        _exit_as_written(done)
     except BaseException as err:  # the model reads the error, as a person would in a REPL
         print("".join(traceback.format_exception_only(type(err), err)).strip(), file=sys.stderr)
         sys.exit(1)
+
+
+def _exit_as_written(done: SystemExit) -> None:
+    """Exit as the code's SystemExit asks, but say a status above 128 (or below 0) and exit 1:
+    bubblewrap exits 128 + N for a box killed by signal N, so `sys.exit(152)` would read as
+    SIGXCPU."""
+    status = done.code
+    if isinstance(status, int) and not 0 <= status <= 128:
+        print(f"Error: the process exited with status {status}", file=sys.stderr)
+        sys.exit(1)
+    raise done
 
 
 def load_function(spec: str, path: list):

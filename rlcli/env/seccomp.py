@@ -14,6 +14,8 @@ library is needed. The calls refused:
 - memory that the address-space limit does not count: memfd_create and memfd_secret, System V
   shared memory, message queues and semaphores, POSIX message queues, and extended attributes
   (setxattr and its kin: a tmpfs keeps them in kernel memory);
+- inotify instances, which the kernel counts per user: started by a user other than root, the
+  box is that user, and its instances would come out of the trainer's own;
 - sockets of any family but Unix, IP and netlink (`socket` and `socketpair` are checked on their
   first argument): AF_VSOCK and its like reach past the box's network namespace.
 Everything else the namespaces, the unprivileged user, the bounded tmpfs and the rlimits
@@ -48,6 +50,8 @@ REFUSED_X86_64 = {
     "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "msgget": 68,
     "semget": 64, "mq_open": 240, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
     "setxattrat": 463,
+    # inotify instances, counted per user: a box started by another user shares that count
+    "inotify_init": 253, "inotify_init1": 294,
 }  # fmt: skip
 # socket and socketpair, allowed only for the address families the network namespace holds.
 SOCKET_CALLS = (41, 53)

@@ -50,6 +50,9 @@ _OPS = {
 }
 # Bounds that keep one expression from taking seconds or gigabytes (9**9**9 would).
 MAX_EXPONENT, MAX_DIGITS = 1000, 1000
+# Levels of nesting (signs, operators and the brackets around them) an expression may have:
+# `_value` recurses once a level, and 1,000 dashes before a number passed Python's limit.
+MAX_DEPTH = 200
 
 
 def _value(node: ast.AST):
@@ -72,12 +75,27 @@ def _value(node: ast.AST):
     raise ValueError(f"only numbers and + - * / // % ** ( ) are allowed, not {ast.dump(node)[:40]}")
 
 
+def _depth(node: ast.AST) -> int:
+    """How deep the tree under `node` goes, walked without recursion."""
+    deepest, todo = 0, [(node, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        todo += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
+    return deepest
+
+
 def calculator(expression: str) -> ToolResult:
     """The value of an arithmetic expression (× and ^ read as * and **), exact for integers."""
     text = expression.replace("×", "*").replace("^", "**").replace(",", "").strip()
     try:
-        value = _value(ast.parse(text, mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError) as err:
+        tree = ast.parse(text, mode="eval").body
+        if _depth(tree) > MAX_DEPTH:
+            raise ValueError(f"the expression nests more than {MAX_DEPTH} levels deep")
+        value = _value(tree)
+    # Any: besides a SyntaxError or a ZeroDivisionError, ast.parse raises RecursionError on
+    # 100,000 terms, and the rest of the run must not hear of it.
+    except Exception as err:
         return ToolResult(f"Error: {type(err).__name__}: {err}", error=True)
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         value = int(value)
@@ -235,12 +253,25 @@ class Toolbox:
         self.arguments = {tool_name(e): argument_name(e) for e in env.tools}
 
     def call(self, turn: str) -> ToolCall:
-        """Run the call that ends `turn`; the output is cut to env.tool_output_chars."""
-        parsed = self.calls.parse(turn)
+        """Run the call that ends `turn`; the output is cut to env.tool_output_chars. What
+        reading the call or running its tool raises on the model's text (a RecursionError, a
+        MemoryError, a tool's bug) is the call's error output, a failed call the model reads:
+        a model-written turn must never end a training step."""
+        try:
+            parsed = self.calls.parse(turn)
+        except Exception as err:  # whatever it is: the call's error, not the run's
+            return ToolCall(None, None, self._cut(_failed(err)))
         if isinstance(parsed, str):
             return ToolCall(None, None, ToolResult(parsed, error=True))
         name, arguments = parsed
-        argument = self._argument(name, arguments)
+        argument = arguments if isinstance(arguments, str) else None
+        try:
+            argument = self._argument(name, arguments)
+            return self._run(name, arguments, argument)
+        except Exception as err:  # whatever it is: the call's error, not the run's
+            return ToolCall(name, argument, self._cut(_failed(err)))
+
+    def _run(self, name: str, arguments: str | dict, argument: str | None) -> ToolCall:
         if name not in self.tools:
             known = ", ".join(self.tools)
             why = f"Error: no tool named {name!r}; the tools are {known}."
@@ -249,10 +280,12 @@ class Toolbox:
             key = self.arguments[name]
             why = f"Error: {name} takes one argument, {key!r}; the call gave {sorted(arguments)}."
             return ToolCall(name, json.dumps(arguments), ToolResult(why, error=True))
-        result = self.tools[name](argument)
-        if len(result.text) > self.limit:
-            result = ToolResult(result.text[: self.limit] + " [cut]", result.error, result.timeout)
-        return ToolCall(name, argument, result)
+        return ToolCall(name, argument, self._cut(self.tools[name](argument)))
+
+    def _cut(self, result: ToolResult) -> ToolResult:
+        if len(result.text) <= self.limit:
+            return result
+        return ToolResult(result.text[: self.limit] + " [cut]", result.error, result.timeout)
 
     def _argument(self, name: str, arguments: str | dict) -> str | None:
         """The argument text of a call: rlcli's is the text itself; a JSON call's is the value
@@ -273,6 +306,12 @@ class Toolbox:
             return [self.call(t) for t in turns]
         with ThreadPoolExecutor(max_workers=min(len(turns), 8)) as pool:
             return list(pool.map(self.call, turns))
+
+
+def _failed(err: Exception) -> ToolResult:
+    """An exception raised on a call, as the error output the model reads."""
+    what = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return ToolResult(f"Error: the call failed: {what}", error=True)
 
 
 def check_env(cfg: Config) -> None:

@@ -7,7 +7,8 @@ episode that has finished waits for the others).
 A tool's output enters the context as a tool turn written by the tokenizer's own chat
 template (for SmolLM2: the model's turn closed, then `<|im_start|>tool ... <|im_end|>` and a
 new assistant turn; for Qwen2.5: `<tool_response>` inside a user turn); a tokenizer without a
-template gets `<result>...</result>` (env.tool_format=rlcli only). Contexts are passed to the
+template gets `<result>...</result>` (env.tool_format=rlcli only); the output itself is plain
+text there, a special token's string in it read as its characters. Contexts are passed to the
 engine as token ids, never re-tokenized text, so the learner trains on exactly the tokens
 that were sampled. With env.tool_format=chat_template the prompts also declare the tools
 through the template (`data.problems.prompt_renderer` renders them with `env.prompt_tools`)
@@ -74,8 +75,15 @@ class EpisodeSampler:
             self.base.close()
 
     def _tool_tokens(self, output: str) -> list[int]:
-        text = f"{self.before}{output}{self.after}"
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        """A tool turn's tokens: the template's wrapper, with its special tokens, around the
+        output read as plain text. A special token's string in the output (`<|im_end|>`,
+        `<|im_start|>user`) becomes the tokens of its characters: otherwise a tool, or code
+        the model wrote, could close the tool turn and forge a user's or the model's turn."""
+
+        def ids(text: str, **options) -> list[int]:
+            return self.tokenizer(text, add_special_tokens=False, **options).input_ids
+
+        return ids(self.before) + ids(output, split_special_tokens=True) + ids(self.after)
 
     def sample(
         self,
