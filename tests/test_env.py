@@ -3,7 +3,6 @@ sandbox, the episode mechanics and masks, the loss that never sees tool tokens, 
 with vLLM."""
 
 import contextlib
-import logging
 import math
 import socket
 import subprocess
@@ -22,7 +21,10 @@ from rlcli.env.tools import Search, Toolbox, calculator
 from rlcli.recipes import RECIPES_DIR
 from rlcli.rollout.multiturn import EpisodeSampler
 from rlcli.runtime.models import load_tokenizer
+from rlcli.train.loop import train
+from rlcli.train.objective_config import start_warnings
 from rlcli.validate import compose, section
+from tests.conftest import tiny
 
 CORPUS = RECIPES_DIR / "data" / "search_corpus.jsonl"
 
@@ -165,17 +167,18 @@ def test_unsandboxed_python_tool_still_has_its_limits_and_hook():
     assert refused.error and "sandbox refuses ctypes" in refused.text
 
 
-def test_a_run_with_env_sandbox_none_says_it_is_unsafe(caplog):
+def test_a_run_with_env_sandbox_none_says_it_is_unsafe(tmp_path, capfd):
     """The escapes the box stops go through env.sandbox=none (45 of 89, as documented): every
-    run that gives the model the python tool that way says so when it starts, once."""
-    with caplog.at_level(logging.WARNING, logger="rlcli"):
-        Toolbox(env_section("python", sandbox="none"))
-        said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-        assert len(said) == 1 and "env.sandbox=none" in said[0] and "unsafe" in said[0], said
-        caplog.clear()
-        Toolbox(env_section("python"))  # in the box: nothing to say
-        Toolbox(env_section("calculator", sandbox="none"))  # no code runs
-        assert caplog.records == []
+    run that gives the model the python tool that way says so when it starts, once, as
+    rlcli's other warnings are (the tracker's lines: console and train.log)."""
+    overrides = ["env=python", "env.sandbox=none", "trainer.max_steps=1",
+                 "trainer.prompts_per_step=1", "trainer.group_size=2"]  # fmt: skip
+    train(compose(tiny(*overrides)), tmp_path / "run")
+    out, err = capfd.readouterr()
+    said = [line for line in (out + err).splitlines() if "unsafe" in line]
+    assert len(said) == 1 and said[0].startswith("rlcli: warning: env.sandbox=none"), said
+    assert start_warnings(compose(tiny("env=python"))) == []  # in the box: nothing to say
+    assert start_warnings(compose(tiny("env=calculator", "env.sandbox=none"))) == []  # no code
 
 
 def test_the_sandbox_has_a_network_namespace_of_its_own():

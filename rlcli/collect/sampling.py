@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Iterator
 
 from rlcli.config import Config
 from rlcli.data.problems import Problem, PromptRenderer, fit_prompts, prompt_renderer
 from rlcli.env import response_budget
+from rlcli.env.tools import unboxed_warning
 from rlcli.rewards.models import step_reward_tensors
 from rlcli.rewards.scorer import Sample, Scorer, Scores
 from rlcli.rollout.batch import Rollout
@@ -126,6 +128,8 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     """(scorer, model path, prompt renderer, sampler) for commands that sample and score a model
     without training it (`rlcli filter`, `pairs`, `eval`); the reward is checked first."""
     t = cfg.trainer
+    if (unboxed := unboxed_warning(cfg.env)) is not None:
+        print(unboxed, file=sys.stderr)
     device = pick_device(t.device)
     scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
     scorer.check_records(problems, cfg.data.name)

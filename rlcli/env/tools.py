@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import functools
 import json
-import logging
 import math
 import operator
 import sys
@@ -32,8 +31,6 @@ from rlcli.env.sandbox import (
     run_python,
     sandbox_problem,
 )
-
-log = logging.getLogger("rlcli")
 
 # --- calculator -------------------------------------------------------------------------------
 
@@ -161,14 +158,20 @@ class ToolSpec:
     make: Callable[[EnvConfig], Callable[[str], ToolResult]]
 
 
+def unboxed_warning(env: EnvConfig) -> str | None:
+    """The line a run that gives the model the python tool outside the box prints as it
+    starts (console and train.log: not only in the docs); None otherwise."""
+    if env.name == "none" or env.sandbox != "none" or "python" not in env.tools:
+        return None
+    return (
+        "rlcli: warning: env.sandbox=none: the python tool runs model-written code in a plain "
+        "process, unsafe: it can read, write and signal whatever your user can (the escapes "
+        "that the bubblewrap box stops go through). Use env.sandbox=bwrap (the default) unless "
+        "you trust the code."
+    )
+
+
 def _python(env: EnvConfig):
-    if env.sandbox == "none":  # once per run, as its toolbox is made: not only in the docs
-        log.warning(
-            "env.sandbox=none: the python tool runs model-written code in a plain process, "
-            "unsafe: it can read, write and signal whatever your user can (the escapes that "
-            "the bubblewrap box stops go through). Use env.sandbox=bwrap (the default) unless "
-            "you trust the code."
-        )
     return lambda code: run_python(
         code, env.tool_timeout_s, env.python_memory_mb, env.python_disk_mb, env.sandbox
     )

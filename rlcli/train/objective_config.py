@@ -24,6 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcli.config import CONF_DIR, AlgoConfig, ConfigError, SamplerConfig
+from rlcli.env.tools import unboxed_warning
 from rlcli.ops.advantages import ADVANTAGES, AdvantageInputs
 from rlcli.ops.estimate import estimate
 from rlcli.ops.losses import LOSS_INPUTS, LOSSES
@@ -114,6 +115,8 @@ def start_warnings(cfg) -> list[str]:
             f"trainer.epochs={t.epochs} make every update after the first learn from an older "
             "policy's samples; its baseline no longer is the optimal one."
         )
+    if (unboxed := unboxed_warning(cfg.env)) is not None:
+        lines.append(unboxed)
     return lines
 
 
