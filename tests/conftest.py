@@ -2,6 +2,9 @@
 is built once into rlcli's model cache; the first run also converts SmolLM2 from GGUF."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +52,19 @@ def tiny_model_dir() -> str:
 
     cfg = compose(["model=tiny"])
     return resolve_model_path(cfg.model, cfg.trainer.seed)
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    """The docs site built from the working tree with `mkdocs build --strict` (once a session:
+    the site's and the layout's tests read the same build)."""
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    repo = Path(__file__).resolve().parent.parent
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(repo / "mkdocs.yml"),
+         "-d", str(out)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    return out

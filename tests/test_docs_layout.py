@@ -6,13 +6,8 @@ No browser runs here, so the first is checked on the built page and the styleshe
 their rules are cascaded (specificity, then order) for a field name's <code> and its ancestors,
 as a browser would, for the two properties that allow a break inside a word."""
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # Both say whether a line may break inside a word; both are inherited. word-wrap is
@@ -24,19 +19,6 @@ PROPERTIES = {"word-break": "word-break", "overflow-wrap": "overflow-wrap",
 COMPOUND = re.compile(
     r"(?P<tag>[a-z][a-z0-9]*|\*)?(?P<rest>(?:\.[\w-]+|:first-child|:not\(\[class\]\))*)"
 )
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
-         "-d", str(out)],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stdout + built.stderr
-    return out
 
 
 def css_rules(text: str) -> list[tuple[str, str]]:

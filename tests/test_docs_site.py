@@ -6,7 +6,6 @@ import html
 import importlib
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,20 +17,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """The site built from the working tree with `mkdocs build --strict`."""
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
-         "-d", str(out)],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stdout + built.stderr
-    return out
 
 
 def nav_pages(nav) -> list[str]:
