@@ -64,7 +64,7 @@ def make_pairs(cfg: Config, run_dir: Path) -> dict:
             rows.append(
                 {
                     # a conversation stays one: data=pairs reads chat messages as the prompt
-                    "prompt": list(problem.conversation or ()) or problem.question,
+                    "prompt": problem.conversation or problem.question,
                     "chosen": batch.texts[g * p.k + best],
                     "rejected": batch.texts[g * p.k + worst],
                     "chosen_score": grouped[g, best].item(),

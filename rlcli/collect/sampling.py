@@ -78,7 +78,7 @@ def score_rollout(
             int(n),
             p.id,
             batch.response_ids[i, :width],
-            conversation=None if p.conversation is None else list(p.conversation),
+            conversation=p.conversation,
         )  # fmt: skip
         for i, (p, text, n, width) in enumerate(
             zip(rows, batch.texts, batch.lengths.tolist(), widths, strict=True)

@@ -55,15 +55,6 @@ def field_value(record: dict, path: str):
     return value
 
 
-def prompt_text(value) -> str | None:
-    """A prompt field's text: a string as it is; a list of chat messages gives the content of
-    its last user message (None when it has no user message)."""
-    if isinstance(value, list):
-        users = [m for m in value if isinstance(m, dict) and m.get("role") == "user"]
-        return str(users[-1].get("content", "")) if users else None
-    return str(value)
-
-
 @dataclass(frozen=True)
 class _Source:
     """Records from one file or hub split, with the name a user would recognise."""
@@ -95,9 +86,15 @@ def field_or_error(record: dict, key: str, cfg: DataConfig, where: str):
         ) from None
 
 
-def _conversation(value, instruction: str, where: str, cfg: DataConfig) -> tuple[dict, ...]:
+def _conversation(value: list, instruction: str, where: str, cfg: DataConfig) -> tuple[dict, ...]:
     """A prompt field's chat messages, `instruction` added to the last user message; a
-    ConfigError naming the record when a message is not {"role": ..., "content": ...}."""
+    ConfigError naming the record when it has no user message or an item is not
+    {"role": ..., "content": ...}."""
+    if not any(isinstance(m, dict) and m.get("role") == "user" for m in value):
+        raise ConfigError(
+            f"In {where}, data.prompt_field={cfg.prompt_field} is a list with no user "
+            "message; set data.prompt_field to the prompt text or messages."
+        )
     messages = [m for m in value if isinstance(m, dict) and "role" in m and "content" in m]
     if len(messages) != len(value):
         raise ConfigError(
@@ -130,16 +127,11 @@ def _prompt(record: dict, cfg: DataConfig, where: str) -> tuple[str, tuple[dict,
             ) from None
         return f"{text} {cfg.instruction}".strip(), None
     value = field_or_error(record, "prompt_field", cfg, where)
-    text = prompt_text(value)
-    if text is None:
-        raise ConfigError(
-            f"In {where}, data.prompt_field={cfg.prompt_field} is a list with no user "
-            "message; set data.prompt_field to the prompt text or messages."
-        )
-    question = f"{text} {cfg.instruction}".strip()
     if not isinstance(value, list):
-        return question, None
-    return question, _conversation(value, cfg.instruction, where, cfg)
+        return f"{value} {cfg.instruction}".strip(), None
+    conversation = _conversation(value, cfg.instruction, where, cfg)
+    question = next(m["content"] for m in reversed(conversation) if m["role"] == "user")
+    return question, conversation
 
 
 def _answer(record: dict, cfg: DataConfig, where: str) -> str:

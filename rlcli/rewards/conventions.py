@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 # The keywords every call offers, besides the record's fields (a field of one of these names
@@ -95,7 +95,7 @@ def call_keywords(
     answers: list[str],
     records: list[dict],
     token_ids: Callable[[], list[list[int]]],
-    conversations: list[list[dict] | None] | None = None,
+    conversations: list[Sequence[dict] | None] | None = None,
     trainer_state: dict | None = None,
 ) -> dict[str, list]:
     """The keywords of one call over a batch, each a list with one entry per response (but

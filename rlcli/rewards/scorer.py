@@ -60,7 +60,7 @@ class Sample:
     versions: list[int] | None = None
     # Its prompt as chat messages, for conversational data (`Problem.conversation`); None
     # for a text prompt
-    conversation: list[dict] | None = None
+    conversation: tuple[dict, ...] | None = None
 
 
 @dataclass

@@ -48,7 +48,7 @@ class ScoredSample:
     length: int = 0  # response tokens
     episode: dict | None = None  # env=...: the whole episode (`env.episode.Episode.transcript`)
     versions: list[int] | None = None  # rollout workers: the weight versions its tokens span
-    conversation: list[dict] | None = None  # conversational data: the prompt's messages
+    conversation: tuple[dict, ...] | None = None  # conversational data: the prompt's messages
 
 
 class RecordingScorer:

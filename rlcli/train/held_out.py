@@ -147,7 +147,7 @@ def evaluate(
             }
             record["correct_samples"] = sum(r["correct"] for r in record["samples"])
             if problem.conversation is not None:  # conversational data: the prompt's messages
-                record["conversation"] = list(problem.conversation)
+                record["conversation"] = problem.conversation
             records.append(record)
         sampled.append((sampled_scores.total > cfg.correct_above).view(len(chunk), cfg.k))
         bar.update(len(chunk))
