@@ -213,13 +213,15 @@ def from_file(tmp_path):
 def test_a_batch_call_that_hangs_spends_the_batch_time_once(from_file):
     s = from_file("hangs_on_seven", "reward.timeout_s=0.5")
     start = time.perf_counter()
-    # 3 x 0.5 s in all: the batch call gets half, then each sample alone finds the culprit
-    # ("7" spends its 0.5 s again); the others are scored and the run goes on.
-    scores = s(samples("1", "7", "2"))
-    # the budget, and fresh workers started (slack for a loaded machine; twice the budget is 3 s)
-    assert time.perf_counter() - start < 1.5 + 1.0
-    assert scores.total[[0, 2]].tolist() == [1.0, 1.0]
-    assert scores.missing.tolist() == [False, True, False]
+    # 5 x 0.5 s in all: the batch call gets half, then each sample alone finds the culprit
+    # ("7" spends its 0.5 s again); the others are scored and the run goes on. The two worker
+    # restarts (about 0.1 s each here) come out of the 0.75 s left for "2", "3" and "4": with
+    # three samples there was 0.25 s, which a slower machine's restarts spent (CI, once).
+    scores = s(samples("1", "7", "2", "3", "4"))
+    # the budget, and fresh workers started (slack for a loaded machine; twice the budget is 5 s)
+    assert time.perf_counter() - start < 2.5 + 1.0
+    assert scores.total[[0, 2, 3, 4]].tolist() == [1.0] * 4
+    assert scores.missing.tolist() == [False, True, False, False, False]
     assert scores.errors == [
         "hangs_on_seven: RewardTimeout: took longer than reward.timeout_s=0.5 s"
     ]
