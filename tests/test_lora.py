@@ -331,9 +331,9 @@ def test_export_of_a_full_checkpoint_copies_the_model(tiny_model_dir, tmp_path):
 def test_every_algorithm_trains_the_adapters(tiny_overrides, algo):
     # The tiny model never ends a response: DAPO's overlong filter would leave nothing to learn.
     extra = ["algo.overlong_filter=false"] if algo == "dapo" else []
-    run = setup(
-        compose([*tiny_overrides, f"algo={algo}", "sampler=hf", "model.lora.rank=4", *extra])
-    )
+    small = ["trainer.prompts_per_step=4", "trainer.group_size=4"]  # one step's worth
+    lora = [f"algo={algo}", "sampler=hf", "model.lora.rank=4", *extra]
+    run = setup(compose([*tiny_overrides, *small, *lora]))
     before = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
     metrics = train_step(run)
     assert math.isfinite(metrics["loss/policy"])

@@ -1,6 +1,7 @@
 """scripts/paper_effects.py: every claim's experiment runs end to end on the tiny model (one
-seed, two steps) so that the experiments keep working as the code changes; the verdict and a
-run's value are computed as docs/paper-effects.md says."""
+seed, two steps; two claims in the suite, the others with `-m slow`) so that the experiments
+keep working as the code changes; the verdict and a run's value are computed as
+docs/paper-effects.md says."""
 
 import json
 import subprocess
@@ -24,7 +25,16 @@ from paper_effects import (  # noqa: E402
 SCRIPT = Path(__file__).parents[1] / "scripts" / "paper_effects.py"
 
 
-@pytest.mark.parametrize("key", sorted(CLAIMS))
+# Two experiments in the suite cover the script's paths (dynamic_sampling: curves by
+# generation rounds; dpo_pairs: data prepared, then each run evaluated); the other seven, 3
+# minutes together, run with `pytest -m slow`.
+IN_THE_SUITE = {"dynamic_sampling", "dpo_pairs"}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [k if k in IN_THE_SUITE else pytest.param(k, marks=pytest.mark.slow) for k in sorted(CLAIMS)],
+)
 def test_each_experiment_runs_on_the_tiny_model(tmp_path, key):
     done = subprocess.run(
         [sys.executable, str(SCRIPT), key, "--smoke", "--out", str(tmp_path)],

@@ -15,6 +15,9 @@ from rlcli.train.step import train_step
 from rlcli.validate import compose
 
 
+# Slow (2.5 minutes for both): the suite's GRPO learning run is tests/test_algos.py's, on vLLM
+# with GRPO's KL; these two show the same without KL, on each sampler.
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["vllm", "hf"])
 def test_tiny_model_learns_a_learnable_reward(tiny_overrides, sampler):
     run = setup(compose([*tiny_overrides, f"sampler={sampler}"]))
