@@ -141,3 +141,23 @@ def test_two_gloo_ranks_sample_with_the_weights_they_just_learned(tmp_path, shap
     # Worker samples are not seeded, so how far the policy moves varies (KL 0.07-0.7 seen);
     # a KL of 0.01 already means log-probs about 0.1 apart, 100x the tolerance above.
     assert rows[-1]["loss/kl"] > 1e-2
+
+
+# Slow (about a minute): streaming under torchrun, each rank with its own rounds ahead and
+# rank 0 pausing the shared worker for every push.
+@pytest.mark.slow
+def test_two_gloo_ranks_stream_from_one_worker_within_max_staleness(tmp_path):
+    run_dir = tmp_path / "run"
+    out = torchrun(
+        "-m", "rlcli", "train", "model=tiny", "reward=space_rate", "sampler.workers=1",
+        "sampler.max_staleness=1", "trainer.max_steps=4", "trainer.lr=5e-2",
+        "trainer.prompts_per_step=8", "sampler.max_new_tokens=16", "trainer.save_every=0",
+        "logger.progress=false", f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["rollout/staleness_max"] <= 1 for r in rows)
+    assert rows[0]["rollout/staleness_max"] == 0
+    assert max(r["rollout/staleness_max"] for r in rows[1:]) == 1
+    assert rows[-1]["loss/kl"] > 1e-3  # the policy moved, and the worker kept sampling
