@@ -108,10 +108,12 @@ def samples_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
 
 
+ONE_AHEAD = ["sampler.workers=1", "sampler.max_staleness=1"]
+
+
 def streamed_run(tiny_overrides: list[str], run_dir: Path, *more: str) -> list[dict]:
     """`rlcli train` one step ahead (sampler.max_staleness=1) with one worker: its metrics."""
-    overrides = [*tiny_overrides, "sampler.workers=1", "sampler.max_staleness=1", *more]
-    done = cli(overrides, run_dir)
+    done = cli([*tiny_overrides, *ONE_AHEAD, *more], run_dir)
     out, err = done.communicate(timeout=1500)
     assert done.returncode == 0, err[-3000:]
     return metrics_of(run_dir)
@@ -134,7 +136,7 @@ def test_streamed_rollouts_stay_within_max_staleness_and_resume_without_gaps(
     for r in rows:
         assert abs(r["rollout/staleness_0"] + r["rollout/staleness_1"] - 1) < 1e-6
     # The ratio's base is the sampler's log-probs, weighted by truncated IS.
-    streamed = [*tiny_overrides, "sampler.workers=1", "sampler.max_staleness=1"]
+    streamed = [*tiny_overrides, *ONE_AHEAD]
     assert resolved_old_logp(compose(streamed)) == "sampler"
     # samples.jsonl names the weight versions each response was sampled by.
     step_of = {}
