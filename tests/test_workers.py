@@ -295,7 +295,7 @@ def run_in_process(*argv: str) -> tuple[int, str]:
 
 
 # A worker killed with SIGKILL in the weight push: scripts/bad_input.py's fault
-# `worker_killed_in_the_weight_push` (run by tests/test_bad_input.py) checks that the run
+# `worker_killed_in_the_weight_push` (`pytest -m slow tests/test_bad_input.py`) checks that the run
 # exits 4 naming it, with step 2 written and saved, and that the resume holds every step once.
 
 
