@@ -2,7 +2,10 @@
 from (`sampler.urls=[http://this-node:PORT]`) and pushes weights to.
 
 It takes the same overrides as `rlcli train` (model, sampler, trainer.dtype), prints the
-`vllm serve` command it runs, and replaces itself with it, so the worker is plain vLLM. A
+`vllm serve` command it runs, and replaces itself with it, so the worker is plain vLLM. It
+holds the weights in the dtype a worker the learner starts would (bfloat16 where this device
+computes in it natively, as the learner does; `compute_dtype`), and the learner asks it which
+before it pushes, so the push sends no more bytes than the worker keeps. A
 port it cannot listen on is a ConfigError before then: vLLM would find out only after
 loading the model, with a traceback.
 """
@@ -41,11 +44,11 @@ def check_port(port: int) -> None:
 def serve(cfg: Config, run_dir) -> None:
     from rlcli.rollout.worker_processes import server_command
     from rlcli.runtime.init_kwargs import trusts_remote_code
-    from rlcli.runtime.models import resolve_model_path
+    from rlcli.runtime.models import compute_dtype, pick_device, resolve_model_path
 
     check_port(cfg.sampler.serve_port)  # before minutes of model conversion
     model_path = resolve_model_path(cfg.model, cfg.trainer.seed)  # a GGUF is converted once
-    dtype = cfg.trainer.dtype
+    dtype = compute_dtype(cfg.trainer, pick_device(cfg.trainer.device))
     remote = trusts_remote_code(cfg.model.init_kwargs)  # model.init_kwargs.trust_remote_code
     argv, env = server_command(model_path, dtype, cfg.sampler, cfg.sampler.serve_port, HOST, remote)
     print(

@@ -211,6 +211,40 @@ def test_a_good_answer_is_read_and_transient_errors_are_retried(
     assert rollout.truncated.tolist() == [True, False]
 
 
+def server_info(dtype) -> tuple:
+    """GET /server_info?config_format=json as vLLM 0.32 answers it, cut to what is read."""
+    return as_json({"vllm_config": {"model_config": {"dtype": dtype}}, "vllm_env": {}})
+
+
+@pytest.mark.parametrize(
+    ("info", "pushed"),
+    [
+        (server_info("torch.bfloat16"), torch.bfloat16),  # as `rlcli rollout-server` answers
+        (server_info("torch.float16"), torch.float16),
+        ((404, "application/json", '{"detail": "Not Found"}'), None),  # dev mode off
+        (server_info(None), None),
+        (HTML, None),
+    ],
+)
+def test_the_push_to_a_worker_at_a_url_sends_the_dtype_it_holds(
+    info, pushed, tiny_model_dir, tokenizer
+):
+    # A worker that says which dtype it holds gets its tensors cast to that one before they
+    # are sent (half the bytes of float32 for bfloat16); one that does not say, the policy's
+    # own, which vLLM casts as it loads them.
+    def answer(method, path):
+        if path == "/v1/models":
+            return as_json(MODELS)
+        if path == "/server_info?config_format=json":
+            return info
+        return 404, "application/json", "{}"
+
+    with FakeWorker(answer) as fake:
+        sampler = sampler_for(fake.url, tiny_model_dir, tokenizer)
+    assert ("GET", "/server_info?config_format=json") in fake.calls
+    assert sampler.weights.dtype == pushed
+
+
 VOCAB = 49152  # SmolLM2's tokenizer, which the tiny model shares
 
 

@@ -25,7 +25,7 @@ import torch
 from rlcli.cli import main
 from rlcli.config import ConfigError
 from rlcli.rollout.samplers import resolved_old_logp
-from rlcli.rollout.worker_client import not_a_worker, worker_session
+from rlcli.rollout.worker_client import held_dtype, not_a_worker, worker_session
 from rlcli.rollout.worker_processes import worker_gpus
 from rlcli.rollout.workers import WorkerSampler
 from rlcli.train.forward import batch_logprobs
@@ -64,6 +64,8 @@ def test_a_worker_process_holds_the_learners_weights_after_every_step(tiny_overr
     try:
         # What a learner given sampler.urls=[url] asks first: a real worker passes.
         assert not_a_worker(worker_session(), url, 30) is None
+        # ... and which dtype it holds, which a worker given by URL is asked before the push.
+        assert held_dtype(worker_session(), url, 30) == "float32"
         first = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
         for step in range(1, 4):
             metrics = train_step(run)  # ends by pushing the update to the worker
@@ -124,10 +126,10 @@ def test_streamed_rollouts_stay_within_max_staleness_and_resume_without_gaps(
 ):
     # One step ahead: the workers sample step k+1 while the learner trains step k, and take
     # step k's weights mid-generation. (Two ahead: the episodes' and the killed worker's tests.)
-    steps = ["trainer.max_steps=8", "trainer.save_every=4", "trainer.keep_last=null"]
+    steps = ["trainer.max_steps=6", "trainer.save_every=3", "trainer.keep_last=null"]
     first = tmp_path / "first"
     rows = streamed_run(tiny_overrides, first, *steps)
-    assert len(rows) == 8
+    assert len(rows) == 6
     # Never more than 1 update old; the batch of step 1 is fresh, and once the stream runs
     # the oldest tokens are 1 update old, as asked.
     assert all(r["rollout/staleness_max"] <= 1 for r in rows)
@@ -144,19 +146,19 @@ def test_streamed_rollouts_stay_within_max_staleness_and_resume_without_gaps(
         assert s["step"] - 1 - 1 <= min(s["policy_versions"]) <= max(s["policy_versions"])
         assert max(s["policy_versions"]) <= s["step"] - 1
         step_of.setdefault(s["step"], set()).add(s["problem_id"])
-    # The checkpoint of step 4 leaves out the round sampled ahead: its data position is
+    # The checkpoint of step 3 leaves out the round sampled ahead: its data position is
     # before it, so a resume samples its problems again.
-    state = json.loads((first / "checkpoints" / "step_4" / "trainer_state.json").read_text())
+    state = json.loads((first / "checkpoints" / "step_3" / "trainer_state.json").read_text())
     assert state["rounds_ahead_discarded"] == 1
-    assert state["data_position"] == 4 * 16
-    # Resumed from step 4: it says so, and step 5 trains the problems step 5 trained before.
+    assert state["data_position"] == 3 * 16
+    # Resumed from step 3: it says so, and step 4 trains the problems step 4 trained before.
     second = tmp_path / "second"
-    resumed = [*streamed, "trainer.max_steps=5", f"trainer.resume={first}/checkpoints/step_4"]
+    resumed = [*streamed, "trainer.max_steps=4", f"trainer.resume={first}/checkpoints/step_3"]
     done = cli(resumed, second)
     out, err = done.communicate(timeout=1500)
     assert done.returncode == 0, err[-3000:]
-    assert "the 1 round(s) of groups the workers were sampling ahead when step 4" in out
-    assert {s["problem_id"] for s in samples_of(second) if s["step"] == 5} == step_of[5]
+    assert "the 1 round(s) of groups the workers were sampling ahead when step 3" in out
+    assert {s["problem_id"] for s in samples_of(second) if s["step"] == 4} == step_of[4]
 
 
 # Slow (3 minutes): the learning under staleness. The suite's streamed runs are short.
@@ -280,6 +282,70 @@ def test_a_worker_killed_mid_stream_stops_the_run_with_a_checkpoint_to_resume_fr
     assert "round(s) of groups the workers were sampling ahead" in out
     assert metrics_of(tmp_path)[-1]["step"] == step + 1
     again = {s["problem_id"] for s in samples_of(tmp_path) if s["step"] == step + 1}
+    assert again and not again & trained
+
+
+# `rlcli ARGV` in a process that kills itself (SIGKILL, as the OOM killer or a lost node
+# would) a few tensors into step 3's weight push: the setup's push is the first.
+KILLED_IN_STEP_3_PUSH = """
+import os, signal, sys
+from rlcli.rollout.weight_push import ParameterSource
+from rlcli.rollout.workers import WorkerSampler
+pushes, push, tensors = [], WorkerSampler._push, ParameterSource.__iter__
+def counted(self, policy, version):
+    pushes.append(version)
+    return push(self, policy, version)
+def dying(self):
+    for k, named in enumerate(tensors(self)):
+        if len(pushes) == 4 and k == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield named
+WorkerSampler._push, ParameterSource.__iter__ = counted, dying
+from rlcli.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_a_learner_killed_in_a_weight_push_resumes_from_its_last_checkpoint(
+    tiny_model_dir, tmp_path
+):
+    # Streaming two rounds ahead, so the worker is paused mid-generation for the push and
+    # holds rounds the learner has not reached when the learner dies.
+    common = [
+        "model=tiny", "reward=space_rate", "sampler.workers=1", "trainer.save_every=1",
+        "logger.progress=false", "sampler.max_new_tokens=8", "sampler.max_staleness=2",
+    ]  # fmt: skip
+    before = worker_pids()
+    argv = ["train", *common, "trainer.max_steps=6", f"hydra.run.dir={tmp_path}"]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_STEP_3_PUSH, *argv], capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    # Its worker ends with it (told so by the kernel when its parent dies), mid-receive.
+    deadline = time.monotonic() + 120
+    while worker_pids() - before:
+        assert time.monotonic() < deadline, "the killed learner's worker still runs"
+        time.sleep(1)
+    # Step 3 was updated but never written: the run holds steps 1 and 2, and the checkpoint of
+    # step 2, whose data position is the end of step 2 (the rounds sampled ahead discarded).
+    assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2]
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert saved == ["step_1", "step_2"]
+    state = json.loads((tmp_path / "checkpoints/step_2/trainer_state.json").read_text())
+    assert state["data_position"] == 2 * compose(common).trainer.prompts_per_step
+    assert state["rounds_ahead_discarded"] >= 1
+    trained = {s["problem_id"] for s in samples_of(tmp_path)}
+
+    resumed = cli([*common, "trainer.max_steps=4", "trainer.resume=auto"], tmp_path)
+    out, err = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resuming from {tmp_path / 'checkpoints/step_2'}" in out
+    assert "round(s) of groups the workers were sampling ahead" in out
+    # Every step once, and steps 3 and 4 train problems no earlier step trained.
+    assert [r["step"] for r in metrics_of(tmp_path)] == [1, 2, 3, 4]
+    again = {s["problem_id"] for s in samples_of(tmp_path) if s["step"] >= 3}
     assert again and not again & trained
 
 

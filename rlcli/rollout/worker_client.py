@@ -113,6 +113,18 @@ def not_a_worker(session: requests.Session, url: str, timeout: float) -> str | N
     return f"does not answer like a vLLM server: GET /v1/models gave {answer_snippet(response)}"
 
 
+def held_dtype(session: requests.Session, url: str, timeout: float) -> str | None:
+    """The dtype the vLLM server at `url` holds its weights in ("bfloat16", "float32"), from
+    /server_info, a route of vLLM's dev mode, which every rlcli worker runs in; None when the
+    server does not say (another kind of server, or another vLLM's answer)."""
+    try:
+        response = session.get(f"{url}/server_info?config_format=json", timeout=timeout)
+        dtype = response.json()["vllm_config"]["model_config"]["dtype"]
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        return None
+    return dtype.removeprefix("torch.") if isinstance(dtype, str) else None
+
+
 class WorkerClient:
     """Requests to the K workers at `urls`, each failure a WorkerLost naming the worker.
 
@@ -136,6 +148,12 @@ class WorkerClient:
                     "learner's model); check that it runs and that the host and port are "
                     "right."
                 )
+
+    def held_dtype(self) -> str | None:
+        """The dtype every worker holds its weights in (`held_dtype`), None unless all say the
+        same one."""
+        said = {held_dtype(self.session, url, min(self.timeout, 60)) for url in self.urls}
+        return said.pop() if len(said) == 1 else None
 
     def generate(self, bodies: list[dict]) -> Iterator[tuple[int, dict]]:
         """Ask vLLM's token-in/token-out route for each body at once, body i of worker i mod K

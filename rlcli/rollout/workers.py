@@ -61,9 +61,6 @@ class WorkerSampler:
         self.vocab = vocab_size(model_path, tokenizer, trust_remote_code)
         self.local = None
         urls = [url.rstrip("/") for url in cfg.urls]
-        # The dtype the workers hold weights in: `dtype` for those started here; a worker at a
-        # URL runs in trainer.dtype (`rlcli rollout-server`), the policy's own: sent as it is.
-        weights_dtype = None if urls else getattr(torch, dtype)
         if distributed.is_main() and not urls:
             self.local = LocalWorkers(
                 cfg.workers, model_path, dtype, cfg, log_dir(), trust_remote_code
@@ -71,7 +68,6 @@ class WorkerSampler:
             urls = self.local.urls
         self.urls = distributed.from_main(urls)  # under torchrun every rank samples from them
         self.client = WorkerClient(self.urls, cfg.worker_timeout_s, self.local)
-        self.weights = WeightPush(self.urls, cfg, weights_dtype)
         self.in_flight = cfg.max_staleness > 0  # pushes made while the workers generate
         self.calls = 0
         self.version = -1  # the label of the weights pushed last: pushes so far, less one
@@ -79,6 +75,14 @@ class WorkerSampler:
             self.local.wait_ready(cfg.worker_timeout_s)
         elif distributed.is_main():
             self.client.check_workers()  # before the first push waits for workers that are none
+        # Each tensor is pushed in the dtype the workers hold it in: `dtype` for those started
+        # here; workers at URLs are asked (`rlcli rollout-server` computes as the learner
+        # does), and one that does not say gets the policy's own dtype, which it casts.
+        held = None
+        if distributed.is_main():
+            held = dtype if self.local is not None else self.client.held_dtype()
+        held = distributed.from_main(held)
+        self.weights = WeightPush(self.urls, cfg, getattr(torch, held) if held else None)
 
     # -- the Sampler protocol ---------------------------------------------------------------
     def state_dict(self) -> dict:
