@@ -8,7 +8,8 @@ under `taskset -c 0`, and a learner in this process on core 1 with one thread
 (`sampler.urls=[it]`, the setup's push joining the transfer group), then pushes the
 learner's weights `--pushes` times, as a step's `sync` does (paused for `pause?mode=keep` as
 with sampler.max_staleness >= 1, though nothing is generating). Prints the dtype the worker
-holds and is sent, the bytes of one push, and the median and range of the push's seconds.
+holds and is sent (and how long asking it took), the bytes of one push, and the median and
+range of the push's seconds.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def main() -> None:
             cfg = compose([*overrides, f"sampler.urls=[{url}]", "sampler.max_staleness=1"])
             run = setup(cfg)
             sampler = run.sampler
+            asked = time.perf_counter()
+            sampler.client.held_dtype()  # what the setup asked the worker once
+            asked = time.perf_counter() - asked
             shapes = sampler_weight_shapes(run.policy, sampler.weights.dtype)
             dtype = shapes[0][1]
             sent = sum(math.prod(shape) * d.itemsize for _, d, shape in shapes)
@@ -59,7 +63,8 @@ def main() -> None:
         finally:
             worker.terminate()
             worker.wait(60)
-    print(f"worker holds {str(dtype).removeprefix('torch.')}; one push sends {sent / 1e6:.0f} MB")
+    held = str(dtype).removeprefix("torch.")
+    print(f"worker holds {held} (asking it took {asked:.2f} s); one push sends {sent / 1e6:.0f} MB")
     print(
         f"push s over {args.pushes}: median {statistics.median(seconds):.3f} "
         f"({min(seconds):.3f}-{max(seconds):.3f}); each: " + ", ".join(f"{s:.3f}" for s in seconds)

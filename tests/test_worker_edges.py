@@ -11,7 +11,10 @@ import contextlib
 import io
 import json
 import socket
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -464,3 +467,46 @@ def test_rollout_server_refuses_a_port_it_cannot_listen_on(port, tmp_path: Path,
     assert line.startswith(f"rlcli: error: sampler.serve_port={port} "), line
     expect = "is in use on this machine" if int(port) in range(1, 65536) else "is not a TCP port"
     assert expect in line
+
+
+# A worker's server, stood in for by a process that ignores SIGTERM as a server waiting on a
+# dead push's request does, in a session of its own as a local worker is. Its parent, the
+# learner's stand-in, starts it and prints its PID.
+STUCK_SERVER = """
+import os, signal, subprocess, sys, time
+child = '''
+import signal, time
+from rlcli.rollout import worker_processes
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker_processes.END_GRACE_S = 0.5
+worker_processes.watch_learner()
+time.sleep(60)
+'''
+env = {**os.environ, "RLCLI_LEARNER_PID": str(os.getpid())}
+server = subprocess.Popen([sys.executable, "-c", child], env=env, start_new_session=True)
+print(server.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_local_workers_server_is_killed_once_its_learner_is_gone():
+    learner = subprocess.Popen(
+        [sys.executable, "-c", STUCK_SERVER], stdout=subprocess.PIPE, text=True
+    )
+    server = int(learner.stdout.readline())
+    time.sleep(3)  # the server is up and watching
+    assert running(server), "the server ended while its learner ran"
+    learner.kill()
+    learner.wait()
+    deadline = time.monotonic() + 20
+    while running(server):
+        assert time.monotonic() < deadline, "the server outlived its learner"
+        time.sleep(0.2)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie waiting to be reaped has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

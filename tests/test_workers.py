@@ -323,7 +323,8 @@ def test_a_learner_killed_in_a_weight_push_resumes_from_its_last_checkpoint(
         timeout=900,
     )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    # Its worker ends with it (told so by the kernel when its parent dies), mid-receive.
+    # Its worker ends with it, mid-receive: SIGTERM from the kernel when its parent dies, and
+    # its process group killed 10 s later, as the server waits on the dead push's request.
     deadline = time.monotonic() + 120
     while worker_pids() - before:
         assert time.monotonic() < deadline, "the killed learner's worker still runs"

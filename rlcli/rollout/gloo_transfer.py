@@ -8,9 +8,8 @@ ones (`nccl`, `ipc`, ...) need CUDA. This module registers `gloo` on both sides 
 registry: the worker side (`GlooWorkerEngine`, run inside each vLLM engine) and the learner
 side (`GlooLearnerEngine`, run by rlcli). The learner is rank 0 of a process group of its
 own with the K workers at ranks 1..K; each update broadcasts the parameters one at a time,
-so neither side holds more than two extra tensors (the one on its way and the next, which the
-learner makes and a worker receives while the one before is sent or loaded), and the workers
-load them with vLLM's layerwise reload.
+so neither side holds more than one extra tensor, and the workers load them with vLLM's
+layerwise reload.
 
 vLLM imports this module in every process it starts through the `vllm.general_plugins`
 entry point in pyproject.toml (`register`), so a `vllm serve` in the same environment
@@ -49,7 +48,12 @@ BACKEND = "gloo"
 
 
 def register() -> None:
-    """Add `gloo` to vLLM's two weight-transfer registries (once per process)."""
+    """Add `gloo` to vLLM's two weight-transfer registries (once per process); in the server
+    of a worker rlcli started, also watch for the learner's end (`watch_learner`: vLLM runs
+    its plugins in every process it starts, and this is rlcli's one plugin)."""
+    from rlcli.rollout.worker_processes import watch_learner
+
+    watch_learner()
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, GlooWorkerEngine)
     if BACKEND not in WeightTransferTrainerFactory._registry:
@@ -120,19 +124,12 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
     def receive_weights(self, update_info: GlooUpdate) -> None:
         if self.group is None:
             raise RuntimeError("gloo weight transfer used before init_weight_transfer_engine")
-        # Tensor k+1 arrives (gloo's own thread) while tensor k loads.
-        loading = None
         for name, dtype_name, shape in zip(
             update_info.names, update_info.dtype_names, update_info.shapes, strict=True
         ):
             tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
-            arriving = self.group.broadcast(tensor, 0)
-            if loading is not None:
-                self.model.load_weights([loading])
-            arriving.wait()
-            loading = (name, tensor)
-        if loading is not None:
-            self.model.load_weights([loading])
+            self.group.broadcast(tensor, 0).wait()
+            self.model.load_weights([(name, tensor)])
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -212,18 +209,11 @@ class GlooLearnerEngine(TrainerWeightTransferEngine[GlooLearnerInit]):
             # The workers' update_weights call returns only once they have received
             # everything, so it runs beside the broadcast.
             received = pool.submit(self.client.update_weights, asdict(update))
-            # Tensor k+1 is made (gathered, cast) while tensor k is on its way; the tensor
-            # under way is kept alive until its broadcast is done.
-            sending = None
             for (name, tensor), m in zip(self.source, meta, strict=True):
                 if name != m.name:
                     raise RuntimeError(f"weight source yielded {name!r}, expected {m.name!r}")
                 tensor = tensor.detach().to("cpu").contiguous()
-                if sending is not None:
-                    sending[0].wait()
-                sending = (self.group.broadcast(tensor, 0), tensor)
-            if sending is not None:
-                sending[0].wait()
+                self.group.broadcast(tensor, 0).wait()
             received.result()
         finally:
             pool.shutdown(wait=False)  # a failed broadcast leaves the worker call hanging

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -184,6 +185,7 @@ class LocalWorkers:
             argv, env = server_command(model_path, dtype, cfg, port, "127.0.0.1", trust_remote_code)
             if torch.cuda.is_available():
                 env["CUDA_VISIBLE_DEVICES"] = worker_gpus(i, k, cfg.tensor_parallel_size)
+            env[LEARNER_PID] = str(os.getpid())  # `watch_learner`, in the worker's server
             log = log_dir / f"worker-{i}.log"
             with open(log, "w") as out:
                 proc = subprocess.Popen(
@@ -264,6 +266,35 @@ def worker_gpus(i: int, k: int, per_worker: int) -> str:
         )
     start = learner + i * per_worker
     return ",".join(gpus[start : start + per_worker])
+
+
+# A local worker's environment holds the learner's PID, for `watch_learner`.
+LEARNER_PID = "RLCLI_LEARNER_PID"
+# Seconds a worker's server has to end on the SIGTERM of `_end_with_parent` before its whole
+# process group is killed.
+END_GRACE_S = 10
+
+
+def watch_learner() -> None:
+    """In a local worker's server process (vLLM loads rlcli's plugin there): once the learner
+    that started it is gone, give the server END_GRACE_S to end on the SIGTERM the kernel sent
+    it, then kill the worker's process group (server, engine, model runner). A server whose
+    learner died mid-push does not end on SIGTERM: it waits for that push's request, whose
+    engine has already gone. Nothing is watched in a worker started by hand (`rlcli
+    rollout-server`) or in vLLM's own child processes, whose parent is not the learner."""
+    learner = os.environ.get(LEARNER_PID)
+    if learner is None or str(os.getppid()) != learner:
+        return
+    if any(t.name == "rlcli-learner-watch" for t in threading.enumerate()):
+        return  # vLLM may load its plugins more than once in a process
+
+    def watch() -> None:
+        while str(os.getppid()) == learner:
+            time.sleep(1)
+        time.sleep(END_GRACE_S)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="rlcli-learner-watch", daemon=True).start()
 
 
 def _end_with_parent() -> None:
