@@ -237,15 +237,19 @@ def worker_pids() -> set[int]:
     return {int(p) for p in found.stdout.split()}
 
 
+# The killed worker's and the killed learner's runs: one worker, streaming two rounds ahead.
+TWO_AHEAD = [
+    "model=tiny", "reward=space_rate", "sampler.workers=1", "logger.progress=false",
+    "sampler.max_new_tokens=8", "sampler.max_staleness=2",
+]  # fmt: skip
+
+
 def test_a_worker_killed_mid_stream_stops_the_run_with_a_checkpoint_to_resume_from(
     tiny_model_dir, tmp_path
 ):
     # Streaming two rounds ahead, so the kill lands while the worker samples steps the learner
     # has not reached. (A worker killed in a synchronous run's weight push: the note below.)
-    common = [
-        "model=tiny", "reward=space_rate", "sampler.workers=1", "trainer.save_every=0",
-        "logger.progress=false", "sampler.max_new_tokens=8", "sampler.max_staleness=2",
-    ]  # fmt: skip
+    common = [*TWO_AHEAD, "trainer.save_every=0"]
     before = worker_pids()
     proc = cli([*common, "trainer.max_steps=50"], tmp_path, start_new_session=True)
     try:
@@ -312,10 +316,7 @@ def test_a_learner_killed_in_a_weight_push_resumes_from_its_last_checkpoint(
 ):
     # Streaming two rounds ahead, so the worker is paused mid-generation for the push and
     # holds rounds the learner has not reached when the learner dies.
-    common = [
-        "model=tiny", "reward=space_rate", "sampler.workers=1", "trainer.save_every=1",
-        "logger.progress=false", "sampler.max_new_tokens=8", "sampler.max_staleness=2",
-    ]  # fmt: skip
+    common = [*TWO_AHEAD, "trainer.save_every=1"]
     before = worker_pids()
     argv = ["train", *common, "trainer.max_steps=6", f"hydra.run.dir={tmp_path}"]
     killed = subprocess.run(

@@ -283,7 +283,9 @@ def watch_learner() -> None:
     engine has already gone. Nothing is watched in a worker started by hand (`rlcli
     rollout-server`) or in vLLM's own child processes, whose parent is not the learner."""
     learner = os.environ.get(LEARNER_PID)
-    if learner is None or str(os.getppid()) != learner:
+    # Only a server that leads its own process group (`LocalWorkers` starts each in a session
+    # of its own), so that the kill below takes nothing of the learner's.
+    if learner is None or str(os.getppid()) != learner or os.getpgid(0) != os.getpid():
         return
     if any(t.name == "rlcli-learner-watch" for t in threading.enumerate()):
         return  # vLLM may load its plugins more than once in a process
