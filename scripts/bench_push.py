@@ -8,7 +8,7 @@ under `taskset -c 0`, and a learner in this process on core 1 with one thread
 (`sampler.urls=[it]`, the setup's push joining the transfer group), then pushes the
 learner's weights `--pushes` times, as a step's `sync` does (paused for `pause?mode=keep` as
 with sampler.max_staleness >= 1, though nothing is generating). Prints the dtype the worker
-holds and is sent (and how long asking it took), the bytes of one push, and the median and
+holds and is sent (and how long the first asking took), the bytes of one push, and the median and
 range of the push's seconds.
 """
 
@@ -36,6 +36,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    from rlcli.rollout.worker_client import held_dtype, worker_session
     from rlcli.runtime.lora import sampler_weight_shapes
     from rlcli.train.run import setup
     from rlcli.validate import compose
@@ -45,12 +46,14 @@ def main() -> None:
         worker = start_worker(overrides, port, Path(tmp) / "worker")
         try:
             url = f"http://127.0.0.1:{port}"
+            # The question the setup asks each worker once, timed here where it is first
+            # asked (vLLM caches what its answer collects about the machine).
+            asked = time.perf_counter()
+            held_dtype(worker_session(), url, 60)
+            asked = time.perf_counter() - asked
             cfg = compose([*overrides, f"sampler.urls=[{url}]", "sampler.max_staleness=1"])
             run = setup(cfg)
             sampler = run.sampler
-            asked = time.perf_counter()
-            sampler.client.held_dtype()  # what the setup asked the worker once
-            asked = time.perf_counter() - asked
             shapes = sampler_weight_shapes(run.policy, sampler.weights.dtype)
             dtype = shapes[0][1]
             sent = sum(math.prod(shape) * d.itemsize for _, d, shape in shapes)
@@ -64,7 +67,8 @@ def main() -> None:
             worker.terminate()
             worker.wait(60)
     held = str(dtype).removeprefix("torch.")
-    print(f"worker holds {held} (asking it took {asked:.2f} s); one push sends {sent / 1e6:.0f} MB")
+    print(f"worker holds {held} (asking it first took {asked:.2f} s)")
+    print(f"one push sends {sent / 1e6:.0f} MB")
     print(
         f"push s over {args.pushes}: median {statistics.median(seconds):.3f} "
         f"({min(seconds):.3f}-{max(seconds):.3f}); each: " + ", ".join(f"{s:.3f}" for s in seconds)

@@ -482,7 +482,8 @@ worker_processes.END_GRACE_S = 0.5
 worker_processes.watch_learner()
 time.sleep(60)
 '''
-env = {**os.environ, "RLCLI_LEARNER_PID": str(os.getpid())}
+from rlcli.rollout.worker_processes import LEARNER_PID
+env = {**os.environ, LEARNER_PID: str(os.getpid())}
 server = subprocess.Popen([sys.executable, "-c", child], env=env, start_new_session=True)
 print(server.pid, flush=True)
 time.sleep(60)
