@@ -124,12 +124,20 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
     def receive_weights(self, update_info: GlooUpdate) -> None:
         if self.group is None:
             raise RuntimeError("gloo weight transfer used before init_weight_transfer_engine")
+        # One `load_weights` call for the whole update, fed as it asks: each call walks every
+        # module of the model before loading, which for 272 one-tensor calls was two thirds
+        # of a push of SmolLM2-135M on CPU (0.43 of 0.66 s).
+        self.model.load_weights(self.received(update_info))
+
+    def received(self, update_info: GlooUpdate):
+        """The update's tensors, each received from the learner's broadcast when the loader
+        asks for it, so no more than one is held beyond what the loader keeps."""
         for name, dtype_name, shape in zip(
             update_info.names, update_info.dtype_names, update_info.shapes, strict=True
         ):
             tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
             self.group.broadcast(tensor, 0).wait()
-            self.model.load_weights([(name, tensor)])
+            yield name, tensor
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
