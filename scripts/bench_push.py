@@ -9,7 +9,8 @@ under `taskset -c 0`, and a learner in this process on core 1 with one thread
 learner's weights `--pushes` times, as a step's `sync` does (paused for `pause?mode=keep` as
 with sampler.max_staleness >= 1, though nothing is generating). Prints the dtype the worker
 holds and is sent (and how long the first asking took), the bytes of one push, and the median and
-range of the push's seconds.
+range of the push's seconds and of the part of it the worker spends paused (with gloo it
+receives the tensors unpaused, and pauses only to load them).
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ def main() -> None:
             shapes = sampler_weight_shapes(run.policy, sampler.weights.dtype)
             dtype = shapes[0][1]
             sent = sum(math.prod(shape) * d.itemsize for _, d, shape in shapes)
-            seconds = []
+            seconds, paused = [], []
+            busy = sampler.client.busy
+            pause, resume = busy.pause, busy.resume
+            busy.pause = lambda: (paused.append(-time.perf_counter()), pause())
+            busy.resume = lambda: (resume(), paused.append(paused.pop() + time.perf_counter()))
             for _ in range(args.pushes):
                 start = time.perf_counter()
                 sampler.sync(run.policy)
@@ -69,10 +74,11 @@ def main() -> None:
     held = str(dtype).removeprefix("torch.")
     print(f"worker holds {held} (asking it first took {asked:.2f} s)")
     print(f"one push sends {sent / 1e6:.0f} MB")
-    print(
-        f"push s over {args.pushes}: median {statistics.median(seconds):.3f} "
-        f"({min(seconds):.3f}-{max(seconds):.3f}); each: " + ", ".join(f"{s:.3f}" for s in seconds)
-    )
+    for what, values in (("push", seconds), ("paused", paused)):
+        print(
+            f"{what} s over {args.pushes}: median {statistics.median(values):.3f} "
+            f"({min(values):.3f}-{max(values):.3f}); each: " + ", ".join(f"{s:.3f}" for s in values)
+        )
 
 
 if __name__ == "__main__":

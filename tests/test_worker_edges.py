@@ -358,6 +358,9 @@ class StandInEngine:
         if self.broadcast_error is not None:
             raise self.broadcast_error
 
+    def load_weights(self):
+        pass
+
 
 def pushing_sampler(fake, engine, monkeypatch, tiny_model_dir, tokenizer) -> WorkerSampler:
     monkeypatch.setattr(workers.WeightPush, "connect", lambda self, source: engine)

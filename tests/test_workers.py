@@ -25,6 +25,7 @@ import torch
 from rlcli.cli import main
 from rlcli.config import ConfigError
 from rlcli.rollout.samplers import resolved_old_logp
+from rlcli.rollout.weight_push import ParameterSource
 from rlcli.rollout.worker_client import held_dtype, not_a_worker, worker_session
 from rlcli.rollout.worker_processes import worker_gpus
 from rlcli.rollout.workers import WorkerSampler
@@ -56,7 +57,7 @@ def digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
 
 
-def test_a_worker_process_holds_the_learners_weights_after_every_step(tiny_overrides):
+def test_a_worker_process_holds_the_learners_weights_after_every_step(tiny_overrides, monkeypatch):
     cfg = compose([*tiny_overrides, *FLOAT32, "sampler.workers=1", "trainer.lr=5e-2"])
     run = setup(cfg)
     assert isinstance(run.sampler, WorkerSampler)
@@ -90,8 +91,44 @@ def test_a_worker_process_holds_the_learners_weights_after_every_step(tiny_overr
             (p.detach() - first[n]).abs().max().item() for n, p in run.policy.named_parameters()
         )
         assert moved > 1e-2  # the learning rate really moved the weights being checked
+        push_keeps_the_worker_generating(run, monkeypatch)
     finally:
         run.sampler.close()
+
+
+def greedy_logprobs(url: str) -> list[float]:
+    """The worker's log-probs of a short greedy reply to a fixed prompt, answered within 60 s."""
+    model = requests.get(f"{url}/v1/models", timeout=60).json()["data"][0]["id"]
+    body = {"model": model, "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "logprobs": 0}
+    answer = requests.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    return answer["choices"][0]["logprobs"]["token_logprobs"]
+
+
+def push_keeps_the_worker_generating(run, monkeypatch) -> None:
+    """With gloo a push has two halves: the worker receives the tensors beside its model while
+    it goes on generating, and only loading them waits for the pause. Asked to sample midway
+    through the broadcast (tensors still to come), the worker answers, and with its old
+    weights, as it does at the pause; after the load it answers with the new ones. A worker
+    that took the tensors in its engine's loop would not answer until the broadcast ended,
+    which waits for this very request: the request times out."""
+    url = run.sampler.urls[0]
+    answers = []
+    tensors = ParameterSource.__iter__
+
+    def asking_midway(source):
+        for k, named in enumerate(tensors(source)):
+            if k == 3:
+                answers.append(greedy_logprobs(url))
+            yield named
+
+    monkeypatch.setattr(ParameterSource, "__iter__", asking_midway)
+    with torch.no_grad():
+        for p in run.policy.parameters():
+            p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(1)) * 0.05)
+    old = greedy_logprobs(url)
+    run.sampler.weights.send(run.policy, 99, pause=lambda: answers.append(greedy_logprobs(url)))
+    assert answers == [old, old]
+    assert greedy_logprobs(url) != old
 
 
 def cli(overrides, run_dir, **kw):

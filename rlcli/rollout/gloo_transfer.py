@@ -7,9 +7,12 @@ vLLM's RL API moves weights from a trainer to inference engines in four calls
 ones (`nccl`, `ipc`, ...) need CUDA. This module registers `gloo` on both sides of that
 registry: the worker side (`GlooWorkerEngine`, run inside each vLLM engine) and the learner
 side (`GlooLearnerEngine`, run by rlcli). The learner is rank 0 of a process group of its
-own with the K workers at ranks 1..K; each update broadcasts the parameters one at a time,
-so neither side holds more than one extra tensor, and the workers load them with vLLM's
-layerwise reload.
+own with the K workers at ranks 1..K. An update has two halves, so that generation stops
+only for the second: the learner broadcasts the parameters one at a time, which each worker
+receives into a copy beside its model while it goes on generating (`send_weights`); then,
+generation paused if under way, each worker loads that copy with vLLM's layerwise reload
+(`load_weights`). A worker holds a second copy of the weights meanwhile, the learner never
+more than one extra tensor.
 
 vLLM imports this module in every process it starts through the `vllm.general_plugins`
 entry point in pyproject.toml (`register`), so a `vllm serve` in the same environment
@@ -19,8 +22,9 @@ accepts `--weight-transfer-config '{"backend": "gloo"}'`.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import ClassVar
 
@@ -87,15 +91,18 @@ class GlooWorkerInit(WeightTransferInitInfo):
 
 @dataclass
 class GlooUpdate(WeightTransferUpdateInfo):
-    """One update: the parameters that follow, in broadcast order."""
+    """One of an update's two calls: receive the parameters that follow, in broadcast order,
+    while the model goes on generating; or (`load`) load what was received."""
 
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
+    names: list[str] = field(default_factory=list)
+    dtype_names: list[str] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)
+    load: bool = False
 
 
 class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
-    """Inside a vLLM engine: receive each broadcast tensor and load it."""
+    """Inside a vLLM engine: receive the broadcast tensors on a thread of their own, so that
+    the engine goes on generating meanwhile, then load them when told to."""
 
     init_info_cls = GlooWorkerInit
     update_info_cls = GlooUpdate
@@ -105,6 +112,7 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
         super().__init__(config, vllm_config, device, model)
         self.group = None
         self.weightless: set[str] = set()  # layers an update leaves empty (`weightless_layers`)
+        self.arriving: Future | None = None  # the tensors being received, in broadcast order
 
     def init_transfer_engine(self, init_info: GlooWorkerInit) -> None:
         self.group = _group(
@@ -116,28 +124,46 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
         )
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        self.weightless = weightless_layers(self.model)  # before the reload sets tensors aside
-        initialize_layerwise_reload(self.model)
+        pass  # the reload starts when the received tensors are loaded: the model is whole till then
 
     def receive_weights(self, update_info: GlooUpdate) -> None:
         if self.group is None:
             raise RuntimeError("gloo weight transfer used before init_weight_transfer_engine")
-        # One `load_weights` call for the whole update, fed as it asks: each call walks every
-        # module of the model before loading, which for 272 one-tensor calls was two thirds
-        # of a push of SmolLM2-135M on CPU (0.43 of 0.66 s).
-        self.model.load_weights(self.received(update_info))
+        if not update_info.load:
+            self.arriving = self.receive_in_background(update_info)
+            return
+        if self.arriving is None:
+            raise RuntimeError("gloo weight update loaded before any was received")
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-    def received(self, update_info: GlooUpdate):
-        """The update's tensors, each received from the learner's broadcast when the loader
-        asks for it, so no more than one is held beyond what the loader keeps."""
-        for name, dtype_name, shape in zip(
-            update_info.names, update_info.dtype_names, update_info.shapes, strict=True
-        ):
-            tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
-            self.group.broadcast(tensor, 0).wait()
-            yield name, tensor
+        weights, self.arriving = self.arriving.result(), None
+        self.weightless = weightless_layers(self.model)  # before the reload sets tensors aside
+        initialize_layerwise_reload(self.model)
+        # One `load_weights` call for the whole update: each call walks every module of the
+        # model first, which for 272 one-tensor calls was two thirds of a push of
+        # SmolLM2-135M on CPU (0.43 of 0.66 s).
+        self.model.load_weights(weights)
+
+    def receive_in_background(self, update_info: GlooUpdate) -> Future:
+        """The update's tensors, received from the learner's broadcasts on a daemon thread (one
+        stuck on a dead learner must not hold the engine's exit), in a list once all came."""
+        arriving: Future = Future()
+
+        def receive() -> None:
+            try:
+                received = []
+                for name, dtype_name, shape in zip(
+                    update_info.names, update_info.dtype_names, update_info.shapes, strict=True
+                ):
+                    tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
+                    self.group.broadcast(tensor, 0).wait()
+                    received.append((name, tensor))
+                arriving.set_result(received)
+            except BaseException as err:  # raised in the engine by the load that waits for it
+                arriving.set_exception(err)
+
+        threading.Thread(target=receive, name="rlcli-gloo-receive", daemon=True).start()
+        return arriving
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -200,7 +226,8 @@ class GlooLearnerEngine(TrainerWeightTransferEngine[GlooLearnerInit]):
         return engine
 
     def send_weights(self) -> None:
-        """One full update: start, broadcast every parameter, finish."""
+        """An update's first half: start it and broadcast every parameter, which the workers
+        receive beside their models, generating meanwhile. `load_weights` is the second."""
         meta = self.source.metadata()
         if not self.is_sender:
             for _ in self.source:  # join the gathers of sharded parameters
@@ -212,20 +239,19 @@ class GlooLearnerEngine(TrainerWeightTransferEngine[GlooLearnerInit]):
             shapes=[list(m.shape) for m in meta],
         )
         self.client.start_weight_update()
-        pool = ThreadPoolExecutor(max_workers=1)
-        try:
-            # The workers' update_weights call returns only once they have received
-            # everything, so it runs beside the broadcast.
-            received = pool.submit(self.client.update_weights, asdict(update))
-            for (name, tensor), m in zip(self.source, meta, strict=True):
-                if name != m.name:
-                    raise RuntimeError(f"weight source yielded {name!r}, expected {m.name!r}")
-                tensor = tensor.detach().to("cpu").contiguous()
-                self.group.broadcast(tensor, 0).wait()
-            received.result()
-        finally:
-            pool.shutdown(wait=False)  # a failed broadcast leaves the worker call hanging
-        self.client.finish_weight_update()
+        self.client.update_weights(asdict(update))  # returns once every worker is receiving
+        for (name, tensor), m in zip(self.source, meta, strict=True):
+            if name != m.name:
+                raise RuntimeError(f"weight source yielded {name!r}, expected {m.name!r}")
+            tensor = tensor.detach().to("cpu").contiguous()
+            self.group.broadcast(tensor, 0).wait()
+
+    def load_weights(self) -> None:
+        """An update's second half: every worker loads what it received and finishes the
+        update (the caller pauses generation for it, if any is under way)."""
+        if self.is_sender:
+            self.client.update_weights(asdict(GlooUpdate(load=True)))
+            self.client.finish_weight_update()
 
     def shutdown(self) -> None:
         if self.group is not None:

@@ -5,7 +5,9 @@ The learner is rank 0 of a transfer group of its own with the workers (`WeightPu
 on the first push): gloo on CPU (`rollout.gloo_transfer`), NCCL between GPUs. Each push
 (`WeightPush.send`) broadcasts the parameters one full tensor at a time (`ParameterSource`),
 while vLLM's RL routes (`/start_weight_update`, `/update_weights`, `/finish_weight_update`)
-load them on every worker at once (`WorkerClients`).
+load them on every worker at once (`WorkerClients`). With gloo the workers receive them
+beside their models while they go on generating, and only the load waits for generation to
+pause; NCCL's workers load each tensor as it arrives, so the whole push waits.
 
 A push fails in two ways that must not be confused: the path to a worker breaks (a dead peer
 in a collective, an HTTP control call refused), which is a lost worker; or the learner's
@@ -108,16 +110,24 @@ class WeightPush:
         self.clients: WorkerClients | None = None  # its control calls
         self.source: ParameterSource | None = None  # that of the latest push
 
-    def send(self, policy: torch.nn.Module, version: int) -> None:
+    def send(self, policy: torch.nn.Module, version: int, pause=lambda: None) -> None:
         """Push the policy's weights to every worker, labelled `version`, joining them first
-        if not yet joined."""
+        if not yet joined. `pause` is called once, before any worker's model changes: with
+        gloo after the tensors have arrived (`GlooLearnerEngine.load_weights`), with NCCL
+        before they are sent."""
         self.source = ParameterSource(policy, self.dtype)
         if self.engine is None:
             self.engine = self.connect(self.source)
         self.engine.source = self.source
         if self.clients is not None:
             self.clients.label = str(version)
-        self.engine.send_weights()
+        if transfer_backend() == "gloo":
+            self.engine.send_weights()
+            pause()
+            self.engine.load_weights()
+        else:
+            pause()
+            self.engine.send_weights()
 
     def connect(self, source: ParameterSource):
         """vLLM's learner-side transfer engine, joined with every worker: gloo on CPU, NCCL

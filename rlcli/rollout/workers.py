@@ -17,8 +17,9 @@ with the version of each of its tokens (`Rollout.token_versions`).
 
 With `sampler.max_staleness=k` >= 1 the workers keep generating while the learner trains
 (`collect.stream` asks for the next steps' batches ahead), and each push is made in flight:
-every worker pauses between two decode steps keeping its requests (vLLM's
-`/pause?mode=keep`), takes the new weights, recomputes the kept requests' cached keys and
+every worker receives the new weights while it generates (with gloo, on CPU), then pauses
+between two decode steps keeping its requests (vLLM's `/pause?mode=keep`), loads them,
+recomputes the kept requests' cached keys and
 values with them (`/reset_prefix_cache?reset_running_requests=true`) and resumes, so a
 response may span several versions and each of its tokens was sampled, given all the tokens
 before it, by the weights its version names.
@@ -158,11 +159,15 @@ class WorkerSampler:
     # -- the work ---------------------------------------------------------------------------
     def _push(self, policy: torch.nn.Module, version: int) -> None:
         main = distributed.is_main()
-        if self.in_flight and main:
-            self.client.busy.pause()
-            for url in self.urls:  # between two decode steps, the requests kept
-                self.client.post(url, "pause?mode=keep", None)
-        self.weights.send(policy, version)
+
+        def pause() -> None:  # between two decode steps, the requests kept
+            if self.in_flight and main:
+                self.client.busy.pause()
+                for url in self.urls:
+                    self.client.post(url, "pause?mode=keep", None)
+
+        # With gloo the workers go on generating while the tensors arrive: only the load pauses.
+        self.weights.send(policy, version, pause)
         # Other ranks are done once their gathers are; they must not sample before rank 0
         # has finished the update (the workers' model is half-loaded until then).
         distributed.barrier()
