@@ -14,8 +14,9 @@ and range; the worker's share of the time generating (rollout/generating_share);
 learner's share computing (log-probs, rewards, advantages, update), waiting for a batch
 (time/sample: for max_staleness 0 the whole sampling, otherwise the wait for a batch
 sampled ahead) and pushing (time/sync); response tokens per second, per step and over the
-counted steps together; and the step time the
-model of scripts/step_time.py predicts from the synchronous run's phases.
+counted steps together; the seconds a step the worker was paused for the push
+(rollout/paused_s); and the step time the model of scripts/step_time.py predicts from the
+synchronous run's phases and, streamed, that run's pauses.
 """
 
 from __future__ import annotations
@@ -122,14 +123,21 @@ def main() -> None:
         push = statistics.median(r["time/sync"] for r in sync)
         print(f"measured apart (max_staleness=0): generate {generate:.2f} s, learn {learn:.2f} s,"
               f" push {push:.2f} s")  # fmt: skip
-    print("| max_staleness | step s | predicted s | worker generating | learner computing "
-          "| learner waiting | pushing | tokens/s, per step | tokens/s, whole run |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| max_staleness | step s | predicted s | worker generating | worker paused s "
+          "| learner computing | learner waiting | pushing | tokens/s, per step "
+          "| tokens/s, whole run |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for k, rows in runs.items():
-        predicted = f"{step_seconds(generate, learn, push, k):.2f}" if sync is not None else "-"
+        # A streamed run's own pauses: the part of a push that stops generation.
+        paused = statistics.median(r["rollout/paused_s"] for r in rows)
+        predicted = (
+            f"{step_seconds(generate, learn, push, k, paused if k else None):.2f}"
+            if sync is not None
+            else "-"
+        )
         print(
             f"| {k} | {spread([r['time/step'] for r in rows])} | {predicted} "
-            f"| {share(rows, lambda r: r['rollout/generating_share'])} "
+            f"| {share(rows, lambda r: r['rollout/generating_share'])} | {paused:.2f} "
             f"| {share(rows, lambda r: computing(r) / r['time/step'])} "
             f"| {share(rows, lambda r: r['time/sample'] / r['time/step'])} "
             f"| {share(rows, lambda r: r['time/sync'] / r['time/step'])} "

@@ -4,12 +4,15 @@ streamed (sampler.max_staleness), from the phases measured apart.
     generate  seconds the workers take to generate one step's batch, nothing else running
     learn     seconds the learner takes for one step's work apart from sampling: log-probs,
               rewards, advantages, the update
-    push      seconds of one weight push (the workers pause for it)
+    push      seconds of one weight push
+    paused    seconds of it the workers are paused: all of it with NCCL, which loads each
+              tensor as it arrives; with gloo (CPU) only the load, as they receive generating
 
 Synchronous (max_staleness=0) the three follow one another: generate + learn + push.
 Streamed (max_staleness >= 1) the workers generate the next steps' batches while the learner
 trains; in steady state each side repeats its own cycle and the slower one sets the pace:
-max(generate, learn) + push, since a push stops both (the learner sends, the workers pause).
+max(generate + paused, learn + push), since the learner sends the whole push and the workers
+stop for the pause; with NCCL, max(generate, learn) + push.
 A larger max_staleness does not lower that bound; it absorbs the variation of generation
 times (long responses, stragglers), which this model leaves out.
 
@@ -23,11 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def step_seconds(generate: float, learn: float, push: float, max_staleness: int) -> float:
-    """Seconds per step in steady state (see the module's docstring)."""
+def step_seconds(
+    generate: float, learn: float, push: float, max_staleness: int, paused: float | None = None
+) -> float:
+    """Seconds per step in steady state (see the module's docstring); `paused` None: the
+    whole push."""
     if max_staleness == 0:
         return generate + learn + push
-    return max(generate, learn) + push
+    paused = push if paused is None else paused
+    return max(generate + paused, learn + push)
 
 
 @dataclass(frozen=True)

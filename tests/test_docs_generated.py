@@ -100,6 +100,7 @@ NOT_IN_THESE_RUNS = {
             "rollout/staleness_<k>",
             "rollout/versions_per_response",
             "rollout/generating_share",
+            "rollout/paused_s",
         )
     },
     "reward/log_only_errors": "a reward.weights entry of 0",

@@ -13,6 +13,9 @@ def test_synchronous_phases_add_up_and_streamed_ones_overlap():
     assert step_seconds(5.0, 7.0, 1.5, 2) == 8.5  # the slower side, and the push stops both
     assert step_seconds(9.0, 7.0, 1.5, 1) == 10.5
     assert step_seconds(9.0, 7.0, 1.5, 4) == step_seconds(9.0, 7.0, 1.5, 1)
+    # gloo's workers generate while the tensors arrive: only the pause stops generation.
+    assert step_seconds(9.0, 7.0, 1.5, 2, paused=0.5) == 9.5  # generation the slower side
+    assert step_seconds(5.0, 7.0, 1.5, 2, paused=0.5) == 8.5  # the learner sends it all
 
 
 def test_a_node_split_between_workers_and_learner():

@@ -140,3 +140,5 @@ def test_the_busy_clock_counts_requests_in_flight_but_not_a_pushs_pause():
         time.sleep(0.4)
         clock.resume()
     assert clock.share() < 0.2
+    assert 0.4 <= clock.paused_seconds() < 0.8  # the pause, counted apart
+    assert clock.paused_seconds() == 0.0  # since the last call: none

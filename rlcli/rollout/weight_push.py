@@ -112,19 +112,21 @@ class WeightPush:
 
     def send(self, policy: torch.nn.Module, version: int, pause=lambda: None) -> None:
         """Push the policy's weights to every worker, labelled `version`, joining them first
-        if not yet joined. `pause` is called once, before any worker's model changes: with
-        gloo after the tensors have arrived (`GlooLearnerEngine.load_weights`), with NCCL
-        before they are sent."""
+        if not yet joined. `pause` is called once, before any worker's model changes: after the
+        tensors have arrived with an engine whose update has a second half (gloo's
+        `GlooLearnerEngine.load_weights`), before they are sent with one that loads as they
+        arrive (NCCL)."""
         self.source = ParameterSource(policy, self.dtype)
         if self.engine is None:
             self.engine = self.connect(self.source)
         self.engine.source = self.source
         if self.clients is not None:
             self.clients.label = str(version)
-        if transfer_backend() == "gloo":
+        load = getattr(self.engine, "load_weights", None)
+        if load is not None:
             self.engine.send_weights()
             pause()
-            self.engine.load_weights()
+            load()
         else:
             pause()
             self.engine.send_weights()

@@ -217,7 +217,8 @@ def vocab_size(model_path: str, tokenizer, trust_remote_code: bool = False) -> i
 
 class BusyClock:
     """How much of the time each worker had generate requests in flight, paused spans (a weight
-    push) not counted: `share()` since its last call, the mean over the workers."""
+    push) not counted: `share()` since its last call, the mean over the workers; and how long
+    they were paused (`paused_seconds()`, since its last call)."""
 
     def __init__(self, workers: int):
         self.lock = threading.Lock()
@@ -225,6 +226,8 @@ class BusyClock:
         self.busy = [0.0] * workers  # seconds with some in flight, since `since`
         self.mark = [0.0] * workers  # when the span being counted began
         self.paused = False
+        self.paused_at = 0.0  # when the pause under way began
+        self.paused_s = 0.0  # seconds paused since `paused_seconds` was last called
         self.since = time.perf_counter()
 
     def _counting(self, i: int) -> bool:
@@ -250,13 +253,21 @@ class BusyClock:
 
     def pause(self) -> None:
         with self.lock:
-            self._settle(time.perf_counter())
+            self.paused_at = time.perf_counter()
+            self._settle(self.paused_at)
             self.paused = True
 
     def resume(self) -> None:
         with self.lock:
-            self._settle(time.perf_counter())
+            now = time.perf_counter()
+            self._settle(now)
             self.paused = False
+            self.paused_s += now - self.paused_at
+
+    def paused_seconds(self) -> float:
+        with self.lock:
+            paused, self.paused_s = self.paused_s, 0.0
+        return paused
 
     def share(self) -> float:
         with self.lock:

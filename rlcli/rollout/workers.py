@@ -94,8 +94,10 @@ class WorkerSampler:
 
     def metrics(self) -> dict[str, float]:
         # The share of the time since the last call during which the workers had requests
-        # (paused ones not counted), the mean over workers: generation's side of the overlap.
-        return {"rollout/generating_share": self.client.busy.share()}
+        # (paused ones not counted), the mean over workers: generation's side of the overlap;
+        # and the seconds they spent paused for pushes (with gloo only the load: `WeightPush`).
+        busy = self.client.busy
+        return {"rollout/generating_share": busy.share(), "rollout/paused_s": busy.paused_seconds()}
 
     def sync(self, policy: torch.nn.Module) -> None:
         """Push the learner's weights to every worker as the next version (in flight with

@@ -161,6 +161,9 @@ METRIC_GROUPS: tuple[MetricGroup, ...] = (
         Metric("rollout/generating_share", "Share of the time since the last step's row during "
                "which the workers had requests (a push's pause not counted), the mean over "
                "workers.", "sampler.workers or sampler.urls"),
+        Metric("rollout/paused_s", "Seconds since the last step's row during which the workers "
+               "were paused for a weight push (streamed only; with gloo, on CPU, just the load, "
+               "as they receive the weights generating).", "sampler.workers or sampler.urls"),
     )),
     MetricGroup("env/", "Multi-turn episodes with tools.", (
         Metric("env/turns_mean", "Model turns per episode.", "env=..."),
