@@ -59,14 +59,12 @@ def main() -> None:
             dtype = shapes[0][1]
             sent = sum(math.prod(shape) * d.itemsize for _, d, shape in shapes)
             seconds, paused = [], []
-            busy = sampler.client.busy
-            pause, resume = busy.pause, busy.resume
-            busy.pause = lambda: (paused.append(-time.perf_counter()), pause())
-            busy.resume = lambda: (resume(), paused.append(paused.pop() + time.perf_counter()))
+            sampler.client.busy.paused_seconds()  # not the setup's push
             for _ in range(args.pushes):
                 start = time.perf_counter()
                 sampler.sync(run.policy)
                 seconds.append(time.perf_counter() - start)
+                paused.append(sampler.client.busy.paused_seconds())  # rollout/paused_s's clock
             sampler.close()
         finally:
             worker.terminate()

@@ -131,9 +131,7 @@ def main() -> None:
         # A streamed run's own pauses: the part of a push that stops generation.
         paused = statistics.median(r["rollout/paused_s"] for r in rows)
         predicted = (
-            f"{step_seconds(generate, learn, push, k, paused if k else None):.2f}"
-            if sync is not None
-            else "-"
+            f"{step_seconds(generate, learn, push, k, paused):.2f}" if sync is not None else "-"
         )
         print(
             f"| {k} | {spread([r['time/step'] for r in rows])} | {predicted} "

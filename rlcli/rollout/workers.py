@@ -19,10 +19,10 @@ With `sampler.max_staleness=k` >= 1 the workers keep generating while the learne
 (`collect.stream` asks for the next steps' batches ahead), and each push is made in flight:
 every worker receives the new weights while it generates (with gloo, on CPU), then pauses
 between two decode steps keeping its requests (vLLM's `/pause?mode=keep`), loads them,
-recomputes the kept requests' cached keys and
-values with them (`/reset_prefix_cache?reset_running_requests=true`) and resumes, so a
-response may span several versions and each of its tokens was sampled, given all the tokens
-before it, by the weights its version names.
+recomputes the kept requests' cached keys and values with them
+(`/reset_prefix_cache?reset_running_requests=true`) and resumes, so a response may span
+several versions and each of its tokens was sampled, given all the tokens before it, by the
+weights its version names.
 
 A worker that dies, stops answering or answers nonsense is a `WorkerLost` naming it; the
 training loop saves the last completed step before it reports it. Only errors of the path to
