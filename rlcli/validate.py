@@ -47,7 +47,7 @@ def _choices() -> dict[str, list[str]]:
         "logger.name": ["jsonl", "wandb", "tensorboard", "mlflow"],
         "trainer.dtype": ["float32", "bfloat16", "float16"],
         "trainer.attention": ["auto", "eager", "sdpa", "flex_attention"],
-        "model.gradient_checkpointing": ["auto", "true", "false"],
+        "model.gradient_checkpointing": ["auto", "true", "false", "selective"],
     }
 
 

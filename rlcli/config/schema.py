@@ -144,7 +144,7 @@ class ModelConfig:
     name: str = MISSING
     source: str = MISSING
     path: str | None = MISSING
-    gradient_checkpointing: str = MISSING  # auto, true or false
+    gradient_checkpointing: str = MISSING  # auto, true, false or selective
     # from_pretrained's keyword arguments (TRL's model_init_kwargs), free-form
     init_kwargs: dict[str, Any] = MISSING
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -214,6 +214,7 @@ class TrainerConfig:
     attention: str = MISSING
     bf16_autocast: bool = MISSING
     bf16_weights: bool = MISSING
+    compile: bool = MISSING
     lr: float = MISSING
     weight_decay: float = MISSING
     warmup_steps: int = MISSING

@@ -15,8 +15,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-# Logit elements per chunk (2^24 float32 = 64 MiB): 341 tokens at SmolLM2's 49,152 entries.
-CHUNK_ELEMENTS = 2**24
+# Logit elements per chunk, by device type. CPU: 2^24 float32 (64 MiB), 341 tokens at SmolLM2's
+# 49,152 entries, chunks that stay near the caches. CUDA: 2^28 (1 GiB), 1,766 tokens at Qwen's
+# 151,936: every chunk adds its [V, H] weight-gradient product into the float32 sum, a pass over
+# 2.3 GB of memory at Qwen2.5-1.5B's size, so a 16k-token pass in 110-row chunks spent more time
+# there than in the head's matmuls (docs/performance.md, "A roofline model of the GPU step").
+CHUNK_ELEMENTS = {"cpu": 2**24, "cuda": 2**28}
+
+
+def chunk_elements_for(device: torch.device) -> int:
+    """Logit elements per chunk on `device` (other accelerators take CUDA's size)."""
+    return CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"])
 
 
 def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -29,10 +38,12 @@ def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 
 def _scaled_logits(hidden, weight, bias, temperature) -> Tensor:
-    """float32 logits / temperature of one chunk; hidden and weight already in matmul dtype."""
-    logits = (hidden @ weight.T).float()
+    """Logits / temperature of one chunk in float32 (float64 for float64 inputs); hidden and
+    weight already in matmul dtype."""
+    logits = hidden @ weight.T
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if bias is not None:
-        logits += bias.float()
+        logits += bias.to(logits.dtype)
     if temperature != 1.0:
         logits /= temperature
     return logits
@@ -78,9 +89,11 @@ class _ChunkedHead(torch.autograd.Function):
         # A frozen head (LoRA) or frozen hidden states get no gradient and cost no matmul.
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         wants_weight = ctx.needs_input_grad[1]
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if wants_weight else None
+        # Summed over chunks in float32 at least (float64 for float64 weights).
+        wide = torch.promote_types(weight.dtype, torch.float32)
+        grad_weight = torch.zeros_like(weight, dtype=wide) if wants_weight else None
         wants_bias = bias is not None and ctx.needs_input_grad[2]
-        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if wants_bias else None
+        grad_bias = torch.zeros_like(bias, dtype=wide) if wants_bias else None
         if grad_logp is None:
             grad_logp = torch.zeros_like(normaliser)
         with torch.autocast(hidden.device.type, enabled=False):
@@ -118,15 +131,17 @@ def chunked_logprob_entropy(
     tokens: Tensor,  # [N] the tokens whose log-probs are wanted
     bias: Tensor | None = None,  # [V]
     temperature: float = 1.0,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
     with_entropy: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """(log p(token), entropy) per position, each [N] float32, equal to log_softmax over the
-    full logits / temperature, with at most `chunk_elements` logits alive at a time; the
-    entropy is None when `with_entropy` is false (the reference and old policies need none)."""
+    full logits / temperature, with at most `chunk_elements` logits alive at a time (None: the
+    device's `chunk_elements_for`); the entropy is None when `with_entropy` is false (the
+    reference and old policies need none)."""
     if hidden.shape[0] == 0:  # no tokens
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty if with_entropy else None
+    chunk_elements = chunk_elements or chunk_elements_for(hidden.device)
     rows = max(1, chunk_elements // weight.shape[0])
     return _ChunkedHead.apply(hidden, weight, bias, tokens, temperature, rows, with_entropy)
 

@@ -335,6 +335,19 @@ def load_causal_lm(
     return model
 
 
+def compile_layers(lm: torch.nn.Module) -> int:
+    """`torch.compile` each decoder layer of `lm` in place (transformers' layers, the unit that
+    gradient checkpointing recomputes), so that the element-wise work between its matrix
+    products runs as fused kernels; returns how many. The layers share one compiled graph:
+    their weights are the graph's inputs, not constants."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in lm.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 def adamw(params, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     """AdamW with its fused kernel (one pass over each parameter, its gradient and its two
     moments) where PyTorch has one for the parameters' device: 5x faster than the multi-tensor

@@ -74,7 +74,9 @@ def learn(
             responses=distributed.all_sum(float(len(mini))),
         )
         optimizer.zero_grad(set_to_none=True)
-        step_loss = 0.0
+        # Summed on the device and read once per optimiser step, not once per pass: each read
+        # waits for the GPU to finish the pass, and then the GPU waits for the next one's launch.
+        step_loss = torch.zeros((), device=device)
         chosen = (
             minibatch_choices(model, obj, batch, mini, plan) if obj.needs_minibatch_stats else {}
         )
@@ -107,15 +109,15 @@ def learn(
                 err.updated = len(grad_norms) > skipped  # an optimiser step of this batch ran
                 raise
             loss.backward()
-            loss = loss.detach()
-            step_loss += loss.item()
+            step_loss += loss.detach()
             for key, value in sums.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+                value = value.detach() if torch.is_tensor(value) else value
+                totals[key] = totals.get(key, 0.0) + value
         if aux_loss is not None:
             extra = aux_loss()
             extra.backward()
             totals["aux_loss_sum"] = totals.get("aux_loss_sum", 0.0) + extra.item()
-        step_loss = distributed.all_sum(step_loss)  # each rank's is its share of the loss
+        step_loss = distributed.all_sum(float(step_loss))  # each rank's is its share
         limit = plan.max_grad_norm if plan.max_grad_norm > 0 else float("inf")
         # The optimiser's parameters: with bfloat16 working weights, the float32 masters
         # hold the gradients (`runtime.precision`).
@@ -132,6 +134,7 @@ def learn(
         if scheduler is not None:
             scheduler.step()
     tokens = float(rollout.response_mask.sum())
+    totals = read_once(totals)
     aux = totals.pop("aux_loss_sum", None)
     metrics = {key: value / max(tokens, 1.0) for key, value in totals.items()}
     if aux is not None:
@@ -144,6 +147,18 @@ def learn(
     metrics["batch/padding_frac"] = 1 - real / max(padded, 1)
     metrics["batch/learner_tokens"] = float(real)
     return metrics
+
+
+def read_once(values: dict) -> dict[str, float]:
+    """`values` (numbers, or scalar tensors on one device) as floats, with one read from the
+    device for all the tensors."""
+    out = {key: float(value) for key, value in values.items() if not torch.is_tensor(value)}
+    keys = [key for key in values if key not in out]
+    if keys:
+        device = values[keys[0]].device
+        read = torch.stack([values[key].to(device).float().reshape(()) for key in keys])
+        out.update(zip(keys, read.tolist(), strict=True))
+    return {key: out[key] for key in values}
 
 
 @torch.no_grad()

@@ -180,7 +180,7 @@ def plan_shared_passes(
     return plan
 
 
-def real_prompt(batch: Rollout, i: int) -> Tensor:
+def real_prompt(batch: HostRows | Rollout, i: int) -> Tensor:
     """Response i's prompt without its left padding."""
     width = batch.prompt_width
     return batch.input_ids[i, :width][batch.attention_mask[i, :width].bool()]
@@ -240,19 +240,47 @@ def flex_block_mask(doc: Tensor, segment: Tensor):
     return create_block_mask(allowed, rows, None, length, length, device=doc.device)
 
 
+@dataclass(frozen=True)
+class HostRows:
+    """The token tables of a `Rollout` copied to the CPU once per `passes` call, so that a pass
+    is laid out there, from many small writes, and moved to the device in a few copies; laid
+    out on a GPU, each write is a kernel launch (thousands a step) and each read a sync."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    prompt_width: int
+
+    @staticmethod
+    def of(batch: Rollout) -> HostRows:
+        cpu = torch.device("cpu")
+        tables = (batch.input_ids, batch.attention_mask, batch.response_mask)
+        return HostRows(*(t.to(cpu) for t in tables), batch.prompt_width)
+
+
+def to_device(device: torch.device, *tensors: Tensor) -> list[Tensor]:
+    """CPU tensors on `device`: on CUDA through pinned memory, without waiting for the copy."""
+    if device.type != "cuda":
+        return [t.to(device) for t in tensors]
+    return [t.pin_memory().to(device, non_blocking=True) for t in tensors]
+
+
 def shared_prompt_pass(
-    batch: Rollout,
+    batch: HostRows | Rollout,
     rows: list[list[list[int]]],
     spans: dict[int, int],
     prompt_of: dict[int, Tensor],
     attention: str,
+    device: torch.device | None = None,
 ):
     """The pass over `rows`, each a list of groups (lists of response positions in `batch`
     sharing a prompt) laid one after the other; `spans[i]` the columns of response i the pass
     reads, `prompt_of[i]` its `real_prompt`. The mask is `segment_mask`'s, in the form the
-    model's `attention` takes. Returns (the responses' positions in pass order [b], the Pass,
+    model's `attention` takes. The rows are laid out where `batch` is and the pass is moved to
+    `device` (None: the same). Returns (the responses' positions in pass order [b], the Pass,
     their response mask [b, t])."""
-    width, device = batch.prompt_width, batch.input_ids.device
+    width, host = batch.prompt_width, batch.input_ids.device
+    device = device or host
 
     def group_length(group):
         return len(prompt_of[group[0]]) + sum(spans[i] for i in group)
@@ -260,11 +288,11 @@ def shared_prompt_pass(
     length = max(sum(group_length(g) for g in row) for row in rows)
     order = [i for row in rows for group in row for i in group]
     t = max(1, max(spans[i] for i in order))
-    ids = torch.zeros(len(rows), length, dtype=torch.long, device=device)
+    ids = torch.zeros(len(rows), length, dtype=torch.long, device=host)
     positions = torch.zeros_like(ids)
     doc = torch.full_like(ids, -1)  # which group of its row a position belongs to
     segment = torch.full_like(ids, -1)  # 0 prompt, k the group's k-th response, -1 padding
-    pred_rows = torch.zeros(len(order), t, dtype=torch.long, device=device)
+    pred_rows = torch.zeros(len(order), t, dtype=torch.long, device=host)
     pred_cols = torch.zeros_like(pred_rows)
     tokens = torch.zeros_like(pred_rows)
     k = 0
@@ -292,6 +320,13 @@ def shared_prompt_pass(
                 pred_cols[k, 1:n] = torch.arange(col, col + max(n - 1, 0))
                 tokens[k, :n] = response
                 k, col = k + 1, col + n
+    real_tokens = int((segment >= 0).sum())
+    idx = torch.tensor(order, dtype=torch.long, device=host)
+    response_mask = batch.response_mask[idx, :t]
+    ids, positions, pred_rows, pred_cols, tokens, doc, segment, idx, response_mask = to_device(
+        device, ids, positions, pred_rows, pred_cols, tokens, doc, segment, idx, response_mask
+    )
+    # The mask is made on the device from the two small tables: it is the pass's largest input.
     if attention == "flex_attention":
         mask = flex_block_mask(doc, segment)
     else:
@@ -300,9 +335,8 @@ def shared_prompt_pass(
             mask = torch.zeros(mask.shape, device=device).masked_fill_(
                 ~mask, torch.finfo(torch.float32).min
             )
-    shared = Pass(ids, mask, positions, pred_rows, pred_cols, tokens, int((segment >= 0).sum()))
-    idx = torch.tensor(order, dtype=torch.long, device=device)
-    return idx, shared, batch.response_mask[idx, :t]
+    shared = Pass(ids, mask, positions, pred_rows, pred_cols, tokens, real_tokens)
+    return idx, shared, response_mask
 
 
 def passes(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0, attention=None):
@@ -320,8 +354,11 @@ def passes(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0, attenti
         for idx, ids, att, width, mask in micro_batches(batch, rows, size, max_tokens):
             yield idx, Pass.padded(ids, att, width), mask
         return
+    device, batch = batch.input_ids.device, HostRows.of(batch)
     positions = rows.tolist()
-    spans = dict(zip(positions, response_spans(batch.response_mask[rows]).tolist(), strict=True))
+    spans = dict(
+        zip(positions, response_spans(batch.response_mask[positions]).tolist(), strict=True)
+    )
     prompt_of = {i: real_prompt(batch, i) for i in positions}
     flex = attention == "flex_attention"
     row_tokens = max(max_tokens, ROW_TOKENS) if flex else ROW_TOKENS
@@ -345,11 +382,11 @@ def passes(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0, attenti
     )
     for chosen in plan:
         row_groups = [[groups[g] for g in packed[r]] for r in chosen]
-        yield shared_prompt_pass(batch, row_groups, spans, prompt_of, attention)
+        yield shared_prompt_pass(batch, row_groups, spans, prompt_of, attention, device)
     for _ in range(distributed.all_max(len(plan)) - len(plan)):
         # A pass that adds nothing, for ranks with fewer passes than others.
         first = positions[:1] or [0]
         spans.setdefault(first[0], 0)
         prompt_of.setdefault(first[0], real_prompt(batch, first[0]))
-        idx, spare, mask = shared_prompt_pass(batch, [[first]], spans, prompt_of, attention)
+        idx, spare, mask = shared_prompt_pass(batch, [[first]], spans, prompt_of, attention, device)
         yield idx, spare, torch.zeros_like(mask)

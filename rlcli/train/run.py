@@ -38,9 +38,10 @@ from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler, objectiv
 from rlcli.runtime import distributed
 from rlcli.runtime.init_kwargs import trusts_remote_code
 from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
-from rlcli.runtime.memory import activation_bytes, free_bytes
+from rlcli.runtime.memory import activation_bytes, checkpointing_kwargs, free_bytes
 from rlcli.runtime.models import (
     adamw,
+    compile_layers,
     compute_dtype,
     load_causal_lm,
     load_tokenizer,
@@ -167,9 +168,10 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         )
     )
     # Decided once the rest of the run is loaded, by the memory left for the activations.
-    if checkpointing_wanted(cfg, learner.lm, device):
-        # Non-reentrant: a LoRA model's frozen embeddings would leave reentrant checkpoints no grad.
-        learner.lm.gradient_checkpointing_enable({"use_reentrant": False})
+    if (recompute := checkpointing_mode(cfg, learner.lm, device)) != "none":
+        learner.lm.gradient_checkpointing_enable(checkpointing_kwargs(recompute))
+    if t.compile:
+        compile_layers(learner.lm)
         learner.lm.train()  # transformers only checkpoints in training mode; Llama has no dropout
         dropout_off(learner.lm)  # LoRA's has, for the learner's passes only
     optimizer = adamw(trainable(policy if working else learner), t.lr, t.weight_decay)
@@ -234,21 +236,26 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     return run
 
 
-def checkpointing_wanted(cfg: Config, lm: torch.nn.Module, device: torch.device) -> bool:
-    """`model.gradient_checkpointing`: true or false as set; auto: on unless the activations of
-    the largest pass (`runtime.memory.activation_bytes` of trainer.max_tokens_per_micro_batch
-    tokens) fit in half the memory free now, less the gradients and AdamW state to come (12
-    bytes per trained parameter). Under torchrun the rank with the least memory decides."""
-    mode = cfg.model.gradient_checkpointing  # "auto", "true" or "false" (`validate`)
+def checkpointing_mode(cfg: Config, lm: torch.nn.Module, device: torch.device) -> str:
+    """What the learner recomputes in the backward, "none", "selective" or "full"
+    (`runtime.memory`): `model.gradient_checkpointing` true, false or selective as set; auto:
+    the least recompute whose activations for the largest pass (`activation_bytes` of
+    trainer.max_tokens_per_micro_batch tokens) fit in half the memory free now, less the
+    gradients and AdamW state to come (12 bytes per trained parameter). Under torchrun the rank
+    with the least memory decides."""
+    mode = cfg.model.gradient_checkpointing  # auto, true, false or selective (`validate`)
     if mode != "auto":
-        return mode == "true"
+        return {"true": "full", "false": "none"}.get(mode, mode)
     t, s = cfg.trainer, cfg.sampler
     tokens = t.max_tokens_per_micro_batch or t.micro_batch_size * (
         s.max_prompt_tokens + s.max_new_tokens
     )
     optimiser_state = 12 * sum(p.numel() for p in lm.parameters() if p.requires_grad)
     free = -distributed.all_max(-(free_bytes(device) - optimiser_state))
-    return 2 * activation_bytes(lm.config, tokens) > free
+    if 2 * activation_bytes(lm.config, tokens) <= free:
+        return "none"
+    selective = activation_bytes(lm.config, tokens, selective=True)
+    return "selective" if 2 * selective <= free else "full"
 
 
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
