@@ -1,35 +1,31 @@
 """The learner on a CUDA GPU, in one script of a few minutes (GPU machines here have torch,
 transformers and peft but no vLLM, so sampling is `sampler=hf`):
 
-1. throughput: rlcli's learner (`train.learner.learn`: FSDP2 on one rank, as under torchrun on
-   one GPU) on a model of Qwen2.5-1.5B's shape built from its config with random weights (no
-   download), in configurations that each turn one lever off or on against "default":
-   - default: bfloat16 weights gathered by FSDP2 over float32 masters, gradients and AdamW (no
-     autocast), sdpa attention, gradient checkpointing, shared-prompt passes of at most
-     `--tokens` tokens (what rlcli runs);
-   - autocast: float32 weights under bfloat16 autocast instead (what rlcli ran before);
-   - flex_attention: groups packed into rows of up to `--tokens` tokens under a block mask
-     (CUDA only: PyTorch has no flex_attention backward on the CPU);
-   - no_checkpointing: gradient checkpointing off (skipped where it runs out of memory);
-   - padded: a row per response, its prompt read again each time (`share_prompts=False`).
-   Each reports tokens/s, model FLOP utilisation against the card's bfloat16 peak, and peak
-   memory against docs/scaling.md's rule (16 bytes per parameter, plus activations); default
-   also its 10 top kernels in one profiled step (operators on the CPU), each with its share of
-   the step's summed self time;
-2. two GRPO steps end to end with `sampler=hf` on the tiny model (a dense reward);
-3. one LoRA step;
-4. CUDA's loss and gradients against the CPU's on the tiny model (float32).
+1. calibration: the card's bfloat16 matmul rate, copy bandwidth and one layer's attention
+   (forward and backward, dense shared-prompt mask and flex_attention's block mask) at the
+   reference shape of scripts/roofline.py, which then predicts each configuration below on
+   this card;
+2. throughput: rlcli's learner (`train.learner.learn` over bfloat16 working weights and
+   float32 masters, as rlcli runs on one GPU: no FSDP on one rank) on a model of
+   Qwen2.5-1.5B's shape built from its config with random weights (no download), in
+   configurations that each turn one of issue 56's levers on or off (`LEVERS`). Each reports
+   tokens/s, model FLOP utilisation against the card's bfloat16 peak, peak memory, and the
+   roofline's prediction beside the measurement; default also its 10 top kernels;
+3. two GRPO steps end to end with `sampler=hf` on the tiny model (a dense reward), and one
+   LoRA step;
+4. CUDA's loss and gradients against the CPU's on the tiny model (float32), with each lever
+   on on the CUDA side against the plain path on the CPU.
 
     python scripts/gpu_check.py                   # on the GPU: prints GPU CHECK PASSED and JSON
     python scripts/gpu_check.py --device cpu --small   # the same code, tiny shapes, on CPU
-    python scripts/gpu_check.py --levers default,flex_attention   # some configurations only
+    python scripts/gpu_check.py --levers default,compile   # some configurations only
 
 Model FLOPs count 6 per parameter per token of useful work (each group's prompt once and its
 responses; forward and backward; the LM head on the response tokens only), none for attention
 scores or checkpointing's recompute, so the utilisation is a lower bound, and padded's shows
 what reading each prompt again costs. `--small` (for CPU and the test suite) swaps the 1.5B
-shape for a 2-layer one, runs default, autocast and padded only, and skips the
-CUDA-against-CPU comparison.
+shape for a 2-layer one, runs default, autocast and padded only, and skips the calibration,
+the predictions and the CUDA-against-CPU comparison.
 """
 
 from __future__ import annotations
@@ -39,13 +35,11 @@ import copy
 import gc
 import json
 import math
-import os
 import time
 
 import torch
 
 from rlcli.rollout.batch import rollout_from_tokens
-from rlcli.runtime import distributed
 from rlcli.runtime.models import adamw
 from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import TokenLogprobModel
@@ -84,15 +78,6 @@ def card_peak(device: torch.device) -> tuple[str, float | None]:
     return name, None
 
 
-def one_rank_group(device: torch.device) -> None:
-    """A process group of one, so that FSDP2 shards (trivially) as under torchrun."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29531")
-    torch.distributed.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1
-    )
-
-
 def synthetic_batch(vocab: int, prompts: int, group: int, prompt_len: int, response_len: int,
                     device) -> TrainBatch:  # fmt: skip
     """Groups of `group` responses sharing a prompt, random tokens (a pass's cost does not
@@ -112,15 +97,37 @@ def synthetic_batch(vocab: int, prompts: int, group: int, prompt_len: int, respo
     return TrainBatch(rollout, torch.zeros(n, device=device), advantages)
 
 
-# What each configuration changes from "default", rlcli's learner on one GPU under torchrun.
+# What each configuration changes from "default": rlcli on one GPU with the head's chunks sized
+# for it and selective recompute (what `model.gradient_checkpointing=auto` picks at this shape on
+# an 80 GB card or larger). "before" is issue 56's starting point: the CPU's head chunks and
+# full recompute.
 LEVERS = {
     "default": {},
-    "autocast": {"bf16_weights": False},
+    "before": {"chunk": "cpu", "recompute": "full"},
+    "full_recompute": {"recompute": "full"},
+    "no_recompute": {"recompute": "none"},
     "flex_attention": {"attention": "flex_attention"},
-    "no_checkpointing": {"checkpointing": False},
+    "compile": {"compile": True},
+    "all": {"attention": "flex_attention", "compile": True},
+    "autocast": {"bf16_weights": False},
     "padded": {"share_prompts": False},
 }
 SMALL_LEVERS = "default,autocast,padded"  # --small's: the CPU test stays short
+
+
+def roofline_setup(lever: dict):
+    """The roofline's `Setup` for a configuration of LEVERS, or None where the model has none
+    (autocast, padded)."""
+    from roofline import Setup
+
+    if not lever.get("bf16_weights", True) or not lever.get("share_prompts", True):
+        return None
+    return Setup(
+        chunk=lever.get("chunk", "device"),
+        checkpointing=lever.get("recompute", "selective"),
+        attention="flex" if lever.get("attention") == "flex_attention" else "sdpa",
+        fused=("body", "head") if lever.get("compile") else (),
+    )
 
 
 def measure(
@@ -130,14 +137,21 @@ def measure(
     passes: int,
     bf16_weights: bool = True,
     attention: str | None = None,
-    checkpointing: bool = True,
+    recompute: str = "selective",
+    chunk: str = "device",
+    compile: bool = False,
     share_prompts: bool = True,
     profile: bool = False,
 ) -> dict:
     """Three timed optimiser steps of the learner, after a warm-up, with the levers as given
     (`attention` None: sdpa on CUDA, eager on the CPU); with `profile`, one more step under
-    the profiler for its top kernels. Needs `one_rank_group`'s process group."""
+    the profiler for its top kernels."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcli.ops import logprobs
+    from rlcli.runtime.memory import checkpointing_kwargs
+    from rlcli.runtime.models import compile_layers
+    from rlcli.runtime.precision import WorkingWeights
 
     shape = SMALL if small else QWEN25_15B
     config = AutoConfig.for_model("qwen2", **shape)
@@ -148,15 +162,20 @@ def measure(
             dtype=torch.float32,
             attn_implementation=attention or ("sdpa" if device.type == "cuda" else "eager"),
         )
-    if checkpointing:
-        lm.gradient_checkpointing_enable({"use_reentrant": False})
-    lm.train()
     params = sum(p.numel() for p in lm.parameters())
     head = lm.get_output_embeddings().weight.numel()
     body = params - head  # the embedding is tied to the head: its lookup costs nothing
-    # FSDP2's bfloat16 weights replace autocast: the two together would cast twice.
-    model = distributed.shard(TokenLogprobModel(lm), lm, torch.bfloat16 if bf16_weights else None)
-    optimizer = adamw(list(model.parameters()), lr=1e-6)
+    optimizer = adamw(list(lm.parameters()), lr=1e-6)
+    working = WorkingWeights(lm) if bf16_weights else None  # as `train.run.setup` on one GPU
+    if working is not None:
+        working.follow(optimizer)
+    policy = working.model if working is not None else lm
+    if recompute != "none":
+        policy.gradient_checkpointing_enable(checkpointing_kwargs(recompute))
+    if compile:
+        compile_layers(policy)
+    policy.train()
+    model = TokenLogprobModel(policy, fused_head=compile)
     # Each shared-prompt row: a 256-token prompt and its 4 responses of 192 tokens (1,024).
     prompt_len, response_len, group = (32, 24, 4) if small else (256, 192, 4)
     row = prompt_len + group * response_len
@@ -165,12 +184,18 @@ def measure(
     cfg = compose(["algo=grpo", "algo.beta=0"])
     objective = objective_from_config(cfg.algo, cfg.sampler, norm_len=response_len)
     plan = UpdatePlan(1, 10**6, tokens, max_grad_norm=1.0, share_prompts=share_prompts)
+    chunks = dict(logprobs.CHUNK_ELEMENTS)
 
     def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not bf16_weights):
-            return learn(model, optimizer, objective, batch, plan)
+        if chunk == "cpu":  # the CPU's chunk size on this device
+            logprobs.CHUNK_ELEMENTS[device.type] = chunks["cpu"]
+        try:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not bf16_weights):
+                return learn(model, optimizer, objective, batch, plan)
+        finally:
+            logprobs.CHUNK_ELEMENTS.update(chunks)
 
-    step()  # warm-up: kernels chosen (flex_attention's compiled), allocator grown
+    step()  # warm-up: kernels chosen (flex_attention's and compile's compiled), allocator grown
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -240,30 +265,87 @@ def top_kernels(step, device: torch.device, count: int = 10) -> list[dict]:
 
 
 def throughput(device: torch.device, small: bool, tokens: int, passes: int, names) -> dict:
-    """`measure` of each configuration in `names` (keys of LEVERS), each on a fresh model
-    and process group; "default" also profiled."""
+    """`measure` of each configuration in `names` (keys of LEVERS), each on a fresh model;
+    "default" also profiled."""
     results = {}
     for name in names:
-        if name == "flex_attention" and device.type != "cuda":
+        if LEVERS[name].get("attention") == "flex_attention" and device.type != "cuda":
             results[name] = {"skipped": "no flex_attention backward on CPU"}
             continue
-        one_rank_group(device)
         try:
             results[name] = measure(
                 device, small, tokens, passes, profile=name == "default", **LEVERS[name]
             )
         except torch.OutOfMemoryError:
-            if name != "no_checkpointing":
+            if name != "no_recompute":
                 raise
             results[name] = {"skipped": "out of memory"}
-        finally:
-            torch.distributed.destroy_process_group()
-        # The model, its optimiser state and the allocator's blocks gone before the next
-        # (FSDP2's hooks hold reference cycles, which only the collector frees).
+        # The model, its optimiser state and the allocator's blocks gone before the next.
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def calibrate(device: torch.device) -> dict:
+    """This card's figures for the roofline (`roofline.Card`): bfloat16 matmul FLOP/s, copy
+    bytes/s, and one reference layer's attention, forward and backward, under the dense
+    shared-prompt mask (sdpa) and flex_attention's block mask (compiled)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from rlcli.train.passes import flex_block_mask, segment_mask
+
+    def timed(fn, repeats=10):
+        fn()
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) / repeats
+
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    matmul = 2 * 8192**3 / timed(lambda: a @ a)
+    big = torch.empty(2**28, device=device)  # 1 GiB, copied: read and written
+    bandwidth = 2 * big.nbytes / timed(lambda: big.clone())
+    # The reference layer: 16 rows of a 256-token prompt and 4 responses of 192 tokens.
+    segment = torch.tensor([0] * 256 + [k for k in range(1, 5) for _ in range(192)], device=device)
+    segment, doc = segment.expand(16, -1), torch.zeros(16, 1024, dtype=torch.long, device=device)
+    q = torch.randn(16, 12, 1024, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(16, 2, 1024, 128, device=device, dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))  # fmt: skip
+    dense = segment_mask(doc, segment)[:, None]
+    block = flex_block_mask(doc, segment)
+    flex = torch.compile(flex_attention)
+
+    def layer(attend):
+        def run():
+            attend().sum().backward()
+
+        return run
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    dense_s = timed(layer(lambda: sdpa(q, k, v, attn_mask=dense, enable_gqa=True)))
+    flex_s = timed(layer(lambda: flex(q, k, v, block_mask=block, enable_gqa=True)))
+    name, peak = card_peak(device)
+    return {"name": name, "peak": peak or 989e12, "matmul": matmul, "bandwidth": bandwidth,
+            "dense_layer_s": dense_s, "flex_layer_s": flex_s}  # fmt: skip
+
+
+def predictions(card: dict, tokens: int, passes: int, names) -> dict:
+    """The roofline's seconds and MFU for each configuration on the calibrated `card`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from roofline import predicted
+
+    setups = {name: roofline_setup(LEVERS[name]) for name in names}
+    wanted = {name: setup for name, setup in setups.items() if setup is not None}
+    with ThreadPoolExecutor(max_workers=8) as pool:  # one process each
+        futures = {
+            name: pool.submit(predicted, "1.5b", tokens, passes, setup, card)
+            for name, setup in wanted.items()
+        }
+    return {name: future.result()["this card"] for name, future in futures.items()}
 
 
 def tiny_steps(device: torch.device) -> dict:
@@ -290,15 +372,43 @@ def tiny_steps(device: torch.device) -> dict:
     }
 
 
-def cuda_against_cpu(device: torch.device) -> dict:
-    """The loss and gradients of one learner update on CUDA and on the CPU, float32."""
+# The levers compared with the CPU's plain path (eager attention, nothing recomputed, nothing
+# compiled) on the tiny model, each on the device side alone.
+COMPARED = {
+    "plain": {},
+    "sdpa": {"attention": "sdpa"},
+    "selective_recompute": {"recompute": "selective"},
+    "full_recompute": {"recompute": "full"},
+    "flex_attention": {"attention": "flex_attention"},
+    "compile": {"compile": True},
+}
+
+
+def with_lever(policy, lever: dict):
+    """`policy` with one of COMPARED's levers on, wrapped as the learner calls it."""
+    from rlcli.runtime.memory import checkpointing_kwargs
+    from rlcli.runtime.models import compile_layers
+
+    if "attention" in lever:
+        policy.set_attn_implementation(lever["attention"])
+    if "recompute" in lever:
+        policy.gradient_checkpointing_enable(checkpointing_kwargs(lever["recompute"]))
+        policy.train()
+    if lever.get("compile"):
+        compile_layers(policy)
+    return TokenLogprobModel(policy, fused_head=bool(lever.get("compile")))
+
+
+def cuda_against_cpu(device: torch.device, names=tuple(COMPARED)) -> dict:
+    """The loss and gradients of one learner update on the device with each lever of `names`
+    against the CPU's plain path, float32."""
     cfg = compose(["model=tiny", "sampler=hf", "trainer.bf16_autocast=false", "algo.beta=0"])
     run = setup(cfg)
     batch = synthetic_batch(run.policy.config.vocab_size, 3, 4, 7, 9, torch.device("cpu"))
     objective = objective_from_config(cfg.algo, cfg.sampler, norm_len=16)
     plan = UpdatePlan(1, 16, 0, max_grad_norm=0.0)
-    results = {}
-    for where in ("cpu", device.type):
+
+    def update(where, lever):
         policy = copy.deepcopy(run.policy).to(where)
         moved = TrainBatch(
             rollout=type(batch.rollout)(**{
@@ -309,18 +419,26 @@ def cuda_against_cpu(device: torch.device) -> dict:
             advantages=batch.advantages.to(where),
         )  # fmt: skip
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)  # keeps .grad, moves nothing
-        metrics = learn(policy, optimizer, objective, moved, plan)
-        grad = torch.cat([p.grad.flatten().cpu() for p in policy.parameters()])
-        results[where] = (metrics["loss/policy"], grad)
-    (loss, grad), (cuda_loss, cuda_grad) = results["cpu"], results[device.type]
-    return {
-        "loss_cpu": loss,
-        "loss_cuda": cuda_loss,
-        "grad_max_abs_diff": float((grad - cuda_grad).abs().max()),
-        "grad_norm": float(grad.norm()),
-        "match": math.isclose(loss, cuda_loss, rel_tol=1e-4, abs_tol=1e-6)
-        and torch.allclose(grad, cuda_grad, rtol=1e-3, atol=1e-5),
-    }
+        metrics = learn(with_lever(policy, lever), optimizer, objective, moved, plan)
+        return metrics["loss/policy"], torch.cat(
+            [p.grad.flatten().cpu() for p in policy.parameters()]
+        )
+
+    loss, grad = update("cpu", {})
+    results = {}
+    for name in names:
+        if COMPARED[name].get("attention") == "flex_attention" and device.type != "cuda":
+            continue  # no flex_attention backward on the CPU
+        lever_loss, lever_grad = update(device.type, COMPARED[name])
+        results[name] = {
+            "loss_cpu": loss,
+            "loss_device": lever_loss,
+            "grad_max_abs_diff": float((grad - lever_grad).abs().max()),
+            "grad_norm": float(grad.norm()),
+            "match": math.isclose(loss, lever_loss, rel_tol=1e-4, abs_tol=1e-6)
+            and torch.allclose(grad, lever_grad, rtol=1e-3, atol=1e-5),
+        }
+    return results
 
 
 def main() -> None:
@@ -344,11 +462,22 @@ def main() -> None:
     tokens = min(args.tokens, 512) if args.small else args.tokens
     report = {"torch": torch.__version__}
     began = time.perf_counter()
+    cuda = device.type == "cuda"
+    if cuda:
+        report["card"] = calibrate(device)
+        predicted = predictions(report["card"], tokens, args.passes, names)
     levers = throughput(device, args.small, tokens, args.passes, names)
+    if cuda:  # measured against predicted, each configuration
+        for name, lever in levers.items():
+            if name in predicted and "skipped" not in lever:
+                lever["predicted_seconds"] = predicted[name]["seconds"]
+                lever["measured_over_predicted"] = round(
+                    min(lever["step_seconds"]) / predicted[name]["seconds"], 3
+                )
     report["throughput"] = levers["default"]
     report["levers"] = levers
     report["tiny_steps"] = tiny_steps(device)
-    if device.type == "cuda":
+    if cuda:
         report["cuda_against_cpu"] = cuda_against_cpu(device)
     report["seconds"] = round(time.perf_counter() - began, 1)
     print(json.dumps(report, indent=1))
@@ -356,7 +485,7 @@ def main() -> None:
     ok = (
         all(lever["loss_finite"] for lever in measured)
         and report["tiny_steps"]["finite"]
-        and report.get("cuda_against_cpu", {"match": True})["match"]
+        and all(c["match"] for c in report.get("cuda_against_cpu", {}).values())
     )
     print("GPU CHECK PASSED" if ok else "GPU CHECK FAILED")
     raise SystemExit(0 if ok else 1)

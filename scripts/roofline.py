@@ -33,7 +33,6 @@ import math
 import os
 import subprocess
 import sys
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +97,11 @@ NO_KERNEL = {aten.detach, aten.lift_fresh, aten.alias, aten._unsafe_view, aten.e
              aten.empty, aten.lift_fresh_copy}  # fmt: skip
 
 
+# Operators between two sweeps of the live storages: the peak may count a tensor freed since
+# the last sweep, so it errs high.
+SWEEP_EVERY = 16
+
+
 @dataclass
 class Op:
     name: str
@@ -106,6 +110,7 @@ class Op:
     bytes: float
     reads: list[int] = field(default_factory=list)  # storages read (for `fuse`)
     writes: list[int] = field(default_factory=list)
+    region: str = "body"  # "head" inside the chunked LM head, else "body"
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -133,8 +138,11 @@ class Recorder(TorchDispatchMode):
         self.ops: list[Op] = []
         self.syncs = 0
         self.host = False
+        self.region = "body"
         self.live = self.peak = 0
-        self._storages: dict[int, list] = {}  # id -> [storage, tensors over it alive]
+        self._live: dict[int, torch.UntypedStorage] = {}  # id -> a storage still held
+        self._kept: list = []
+        self._calls = 0
 
     def hold(self, tensors) -> None:
         """Count `tensors` (made before recording: weights, masters) as live."""
@@ -142,23 +150,23 @@ class Recorder(TorchDispatchMode):
             self._track(t)
 
     def _track(self, t: torch.Tensor) -> None:
-        # A storage is live while a tensor over it is. (A weak reference to the storage itself
-        # corrupted the heap of a fake step.)
+        # A storage is live while anything but this recorder holds it: its C++ use count,
+        # read at each sweep, passes the one reference kept here. (Weak references to fake
+        # tensors or storages, with or without a callback, corrupted the heap of the step.)
+        # Every storage is kept (a fake one holds no memory), so its id names it alone.
         storage = t.untyped_storage()
         key = id(storage)
-        if key not in self._storages:
-            self._storages[key] = [storage, 0]
+        if key not in self._live:
+            self._kept.append(storage)
+            self._live[key] = storage
             self.live += storage.nbytes()
             self.peak = max(self.peak, self.live)
-        self._storages[key][1] += 1
-        weakref.finalize(t, self._drop, key)
 
-    def _drop(self, key: int) -> None:
-        entry = self._storages[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.live -= entry[0].nbytes()
-            del self._storages[key]
+    def _sweep(self) -> None:
+        for key, storage in list(self._live.items()):
+            if torch._C._storage_Use_Count(storage._cdata) == 1:  # held here only
+                self.live -= storage.nbytes()
+                del self._live[key]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -182,6 +190,9 @@ class Recorder(TorchDispatchMode):
             out = args[0]
         else:
             out = func(*args, **kwargs)
+        self._calls += 1
+        if self._calls % SWEEP_EVERY == 0:
+            self._sweep()
         outputs = [a for a in tree_leaves(out) if isinstance(a, torch.Tensor)]
         if not outputs:  # an operator that only writes its arguments (fused AdamW's)
             written = [
@@ -193,32 +204,33 @@ class Recorder(TorchDispatchMode):
         for t in outputs:
             if isinstance(t, FakeTensor):
                 self._track(t)
+            else:  # a real one (the batch's bookkeeping, small) kept so that its id is its own
+                self._kept.append(t.untyped_storage())
         if func.is_view or func._overloadpacket in NO_KERNEL or not outputs:
             return out
         packet = func._overloadpacket
         moved = sum(_bytes(t) for t in inputs) + sum(_bytes(t) for t in outputs)
         reads, writes = [_storage(t) for t in inputs], [_storage(t) for t in outputs]
+        kind, flops = "memory", 0.0
         if func in ATTENTION:
+            forward = ATTENTION[func] == "forward"
             formula = flop_registry[
                 aten._scaled_dot_product_flash_attention
-                if ATTENTION[func] == "forward"
+                if forward
                 else aten._scaled_dot_product_flash_attention_backward
             ]
-            flops = formula(*args[: 3 if ATTENTION[func] == "forward" else 4], out_val=out)
-            self.ops.append(Op(func.__name__, "attention", flops, moved, reads, writes))
+            kind, flops = "attention", formula(*args[: 3 if forward else 4], out_val=out)
         elif packet in MATMULS:
-            flops = flop_registry[packet](*args, **kwargs, out_val=out)
-            self.ops.append(Op(func.__name__, "matmul", flops, moved, reads, writes))
-        else:
-            self.ops.append(Op(func.__name__, "memory", 0.0, moved, reads, writes))
+            kind, flops = "matmul", flop_registry[packet](*args, **kwargs, out_val=out)
+        self.ops.append(Op(func.__name__, kind, flops, moved, reads, writes, self.region))
         return out
 
 
-def fuse(ops: list[Op]) -> list[Op]:
-    """The element-wise operators between two matrix products or attention calls as one kernel
-    each (what torch.compile or Liger's kernels do): it reads what the chain reads from
-    outside it and writes the chain's last output. An upper bound on fusion's gain: a fused
-    kernel that must also write a tensor kept for the backward writes more."""
+def fuse(ops: list[Op], regions=("body", "head")) -> list[Op]:
+    """The element-wise operators between two matrix products or attention calls in `regions`
+    as one kernel each (what torch.compile or Liger's kernels do): it reads what the chain
+    reads from outside it and writes the chain's last output. An upper bound on fusion's gain:
+    a fused kernel that must also write a tensor kept for the backward writes more."""
     fused: list[Op] = []
     chain: list[Op] = []
 
@@ -234,11 +246,14 @@ def fuse(ops: list[Op]) -> list[Op]:
             for s in [*op.reads, *op.writes]:
                 size[s] = max(size.get(s, 0.0), share)
         moved = sum(size[s] for s in outside) + sum(size[s] for s in chain[-1].writes)
-        fused.append(Op("fused", "memory", 0.0, moved, sorted(outside), chain[-1].writes))
+        region = chain[-1].region
+        fused.append(Op("fused", "memory", 0.0, moved, sorted(outside), chain[-1].writes, region))
         chain.clear()
 
     for op in ops:
-        if op.kind == "memory":
+        if chain and op.region != chain[-1].region:
+            close()
+        if op.kind == "memory" and op.region in regions:
             chain.append(op)
         else:
             close()
@@ -264,7 +279,12 @@ class Setup:
     checkpointing: str = "full"  # what the backward recomputes: none, selective or full
     attention: str = "sdpa"  # sdpa with the dense shared-prompt mask, or flex (its block mask)
     host_layout: bool = True  # passes laid out on the CPU and moved (false: built on the GPU)
-    fused: bool = False  # element-wise chains as single kernels (modelled: `fuse`)
+    # Element-wise chains as single kernels (modelled: `fuse`) in these regions: "body" (the
+    # decoder layers, the loss: trainer.compile's layers), "head" (its compiled chunks).
+    fused: tuple[str, ...] = ()
+
+
+_NEVER_FREED: list = []
 
 
 def simulate(shape: dict, tokens: int, passes: int, setup: Setup) -> dict:
@@ -326,6 +346,20 @@ def simulate(shape: dict, tokens: int, passes: int, setup: Setup) -> dict:
         recorder.host = False  # the mask is made on the device
         return out
 
+    real_forward, real_backward = logprobs._ChunkedHead.forward, logprobs._ChunkedHead.backward
+
+    def in_head(method):
+        def tagged(*args, **kwargs):
+            recorder.region = "head"
+            try:
+                return method(*args, **kwargs)
+            finally:
+                recorder.region = "body"
+
+        return staticmethod(tagged)
+
+    logprobs._ChunkedHead.forward = in_head(real_forward)
+    logprobs._ChunkedHead.backward = in_head(real_backward)
     # On the CPU device the head would take the CPU's chunks; the model runs the GPU's.
     chunks = dict(logprobs.CHUNK_ELEMENTS)
     if setup.chunk == "device":
@@ -337,10 +371,15 @@ def simulate(shape: dict, tokens: int, passes: int, setup: Setup) -> dict:
     finally:
         learner_module.passes, passes_module.to_device = real_passes, real_to_device
         logprobs.CHUNK_ELEMENTS.update(chunks)
+        logprobs._ChunkedHead.forward = staticmethod(real_forward)
+        logprobs._ChunkedHead.backward = staticmethod(real_backward)
+    # Never freed: freeing the fake model and its optimiser state aborts PyTorch now and then
+    # ("corrupted double-linked list"); the process ends without it (`main`).
+    _NEVER_FREED.append((lm, working, model, optimizer, fake, recorder))
     params = sum(p.numel() for p in lm.parameters())
     head = lm.get_output_embeddings().weight.numel()
     read, trained = rows * passes * row, rows * passes * group * response_len
-    ops = fuse(recorder.ops) if setup.fused else recorder.ops
+    ops = fuse(recorder.ops, setup.fused) if setup.fused else recorder.ops
     return {
         "ops": ops,
         "syncs": recorder.syncs,
@@ -351,7 +390,7 @@ def simulate(shape: dict, tokens: int, passes: int, setup: Setup) -> dict:
     }
 
 
-def predict(trace: dict, setup: Setup) -> dict:
+def predict(trace: dict, setup: Setup, cards: dict[str, Card] = CARDS) -> dict:
     """The trace's figures, and its seconds and MFU on each card."""
     ops = trace["ops"]
     matmul_flops = sum(op.flops for op in ops if op.kind == "matmul")
@@ -363,7 +402,7 @@ def predict(trace: dict, setup: Setup) -> dict:
         "peak_gib": round(trace["peak_bytes"] / 2**30, 2),
         "fits_80gb": trace["peak_bytes"] < 80e9,
     }
-    for name, card in CARDS.items():
+    for name, card in cards.items():
         by_kind: dict[str, float] = {}
         for op in ops:
             by_kind[op.kind] = by_kind.get(op.kind, 0.0) + op_seconds(op, card, setup.attention)
@@ -384,22 +423,29 @@ LADDER = {
     "1 head chunks sized for the GPU": Setup(checkpointing="full", host_layout=False),
     "2 selective recompute": Setup(checkpointing="selective", host_layout=False),
     "3 flex_attention block mask": Setup("device", "selective", "flex", host_layout=False),
-    "4+5 fused element-wise work (modelled)": Setup(
-        "device", "selective", "flex", host_layout=False, fused=True
+    "4 compiled decoder layers": Setup(
+        "device", "selective", "flex", host_layout=False, fused=("body",)
     ),
-    "6 passes laid out on the host": Setup("device", "selective", "flex", True, fused=True),
-    "6 without recompute (where it fits)": Setup("device", "none", "flex", True, fused=True),
+    "5 compiled head chunks": Setup(
+        "device", "selective", "flex", host_layout=False, fused=("body", "head")
+    ),
+    "6 passes laid out on the host": Setup(
+        "device", "selective", "flex", True, fused=("body", "head")
+    ),
+    "no recompute (where it fits)": Setup("device", "none", "flex", True, fused=("body", "head")),
 }
 
 
-def predicted(shape: str, tokens: int, passes: int, setup: Setup) -> dict:
+def predicted(shape: str, tokens: int, passes: int, setup: Setup, card: dict | None = None) -> dict:
     """`predict(simulate(...))` in a process of its own: a second fake step in one process
-    crashed PyTorch (a segmentation fault in the next step's first real operator), as does
-    collecting the first one's objects."""
+    crashed PyTorch (a segmentation fault in the next step's first real operator), as did
+    freeing the first one's objects. `card`, a `Card`'s fields (a calibrated one), is
+    predicted as "this card" beside CARDS."""
     settings = json.dumps(vars(setup))
+    extra = ["--card", json.dumps(card)] if card else []
     done = subprocess.run(
         [sys.executable, __file__, "--shape", shape, "--tokens", str(tokens),
-         "--passes", str(passes), "--one", settings],
+         "--passes", str(passes), "--one", settings, *extra],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
@@ -414,12 +460,16 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2, help="passes per optimiser step")
     parser.add_argument("--json", action="store_true", help="print JSON, not a table")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a Setup as JSON: that one alone
+    parser.add_argument("--card", help=argparse.SUPPRESS)  # with --one: a calibrated Card
     args = parser.parse_args()
     shape = SHAPES[args.shape]
     tokens = min(args.tokens, 512) if args.shape == "small" else args.tokens
     if args.one:
-        setup = Setup(**json.loads(args.one))
-        print(json.dumps(predict(simulate(shape, tokens, args.passes, setup), setup)), flush=True)
+        settings = json.loads(args.one)
+        setup = Setup(**{**settings, "fused": tuple(settings["fused"])})
+        cards = {**CARDS, "this card": Card(**json.loads(args.card))} if args.card else CARDS
+        trace = simulate(shape, tokens, args.passes, setup)
+        print(json.dumps(predict(trace, setup, cards)), flush=True)
         # Out without Python's finalisation: collecting the fake step's objects at exit crashes
         # PyTorch (a segmentation fault while garbage-collecting), after the answer is out.
         os._exit(0)

@@ -63,14 +63,14 @@ def small_qwen(dtype=torch.float32):
     return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
 
 
-def learner_update(lm, batch) -> tuple[float, torch.Tensor]:
+def learner_update(lm, batch, fused_head=False) -> tuple[float, torch.Tensor]:
     """One update of rlcli's learner (shared-prompt passes, the chunked head, GRPO's loss) with
     a zero learning rate: its loss and the gradients it leaves."""
     cfg = compose(["algo=grpo", "algo.beta=0"])
     objective = objective_from_config(cfg.algo, cfg.sampler, norm_len=24)
     optimizer = torch.optim.SGD(lm.parameters(), lr=0.0)  # keeps .grad, moves nothing
     plan = UpdatePlan(1, 10**6, 512, max_grad_norm=0.0)
-    metrics = learn(TokenLogprobModel(lm), optimizer, objective, batch, plan)
+    metrics = learn(TokenLogprobModel(lm, fused_head), optimizer, objective, batch, plan)
     return metrics["loss/policy"], torch.cat([p.grad.flatten() for p in lm.parameters()])
 
 
@@ -98,15 +98,34 @@ def test_selective_recompute_gives_the_same_gradients_and_remakes_no_product(bat
     assert results["selective"][2] == products < results["full"][2]
 
 
-def test_compiled_layers_give_the_eager_loss_and_gradients(batch):
+def test_compiled_layers_and_head_give_the_eager_loss_and_gradients(batch):
+    # trainer.compile: each decoder layer and the head's chunk functions compiled.
     eager = small_qwen()
     compiled = copy.deepcopy(eager)
     assert compile_layers(compiled) == SMALL["num_hidden_layers"]
     loss, grad = learner_update(eager, batch)
-    compiled_loss, compiled_grad = learner_update(compiled, batch)
+    compiled_loss, compiled_grad = learner_update(compiled, batch, fused_head=True)
     assert grad.abs().sum() > 0
     assert compiled_loss == pytest.approx(loss, rel=1e-5, abs=1e-7)
     torch.testing.assert_close(compiled_grad, grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_compiled_head_gives_the_eager_heads_numbers(temperature):
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, requires_grad=True)
+    weight = torch.randn(1000, 16, requires_grad=True)
+    bias = torch.randn(1000, requires_grad=True)
+    tokens = torch.randint(1000, (37,))
+    results = []
+    for fused in (False, True):
+        logp, entropy = chunked_logprob_entropy(
+            hidden, weight, tokens, bias, temperature, chunk_elements=8000, fused=fused
+        )
+        grads = torch.autograd.grad((logp * 0.3 - entropy * 0.1).sum(), (hidden, weight, bias))
+        results.append((logp, entropy, *grads))
+    for eager, compiled in zip(*results, strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)  # float32 rounding
 
 
 def test_sums_are_read_from_the_device_once():

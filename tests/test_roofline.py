@@ -42,6 +42,14 @@ def test_a_fused_chain_reads_its_outside_inputs_and_writes_its_last_output():
     assert [op.kind for op in fused] == ["memory", "matmul", "memory"]
     assert fused[0].bytes == 300  # reads x and w, writes b: the a in between never leaves
     assert fused[1] is ops[2] and fused[2].bytes == 200
+    # The head's chain is fused only when the head is (trainer.compile's two halves), and a
+    # chain never crosses from the body into the head.
+    head = [
+        Op("exp", "memory", 0.0, 200, [5], [6], "head"),
+        Op("neg", "memory", 0.0, 200, [6], [7], "head"),
+    ]
+    assert len(fuse(ops + head, regions=("body",))) == 3 + 2
+    assert len(fuse(ops + head)) == 3 + 1
 
 
 @pytest.fixture(scope="module")

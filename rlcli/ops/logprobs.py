@@ -37,16 +37,57 @@ def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
-def _scaled_logits(hidden, weight, bias, temperature) -> Tensor:
-    """Logits / temperature of one chunk in float32 (float64 for float64 inputs); hidden and
-    weight already in matmul dtype."""
-    logits = hidden @ weight.T
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+def _scaled(products: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """A chunk's logits / temperature from its products `hidden @ weight.T`, in float32
+    (float64 for float64 inputs)."""
+    logits = products.to(torch.promote_types(products.dtype, torch.float32))
     if bias is not None:
         logits += bias.to(logits.dtype)
     if temperature != 1.0:
         logits /= temperature
     return logits
+
+
+def chunk_statistics(products, bias, tokens, temperature: float, with_entropy: bool):
+    """(z[token], logsumexp(z), entropy or None) per row of one chunk, z its scaled logits."""
+    z = _scaled(products, bias, temperature)
+    normaliser = torch.logsumexp(z, dim=-1)
+    picked = z.gather(-1, tokens[:, None]).squeeze(-1)
+    # H = logsumexp(z) - sum softmax(z) * z
+    entropy = normaliser - (torch.softmax(z, -1) * z).sum(-1) if with_entropy else None
+    return picked, normaliser, entropy
+
+
+def chunk_logit_gradient(
+    products, bias, tokens, temperature: float, normaliser, entropy, g_logp, g_entropy, dtype
+):
+    """The gradient of the loss with respect to one chunk's logits (before / temperature), in
+    `dtype` for the two matmuls that read it, and its sum over rows (the bias's share, float32)
+    when there is a bias. g_logp, normaliser [rows, 1]; entropy, g_entropy [rows, 1] or None."""
+    log_p = _scaled(products, bias, temperature).sub_(normaliser)
+    if g_entropy is not None:
+        # -p * (g_logp + g_H (log p + H)), formed in log_p's memory
+        factor = log_p.add(entropy).mul_(g_entropy)
+        grad_z = factor.add_(g_logp).mul_(log_p.exp_()).neg_()
+    else:
+        grad_z = log_p.exp_().mul_(g_logp).neg_()
+    grad_z.scatter_add_(-1, tokens[:, None], g_logp)
+    if temperature != 1.0:
+        grad_z /= temperature
+    bias_part = grad_z.sum(0) if bias is not None else None
+    return grad_z.to(dtype), bias_part
+
+
+# The two functions compiled (`fused=True`): each chunk's element-wise work and reductions in a
+# few kernels that read the [rows, vocabulary] products once or twice, instead of one kernel
+# and one pass over them per operator. Made on first use (compiling costs seconds).
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled(fn):
+    if fn.__name__ not in _COMPILED:
+        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False)
+    return _COMPILED[fn.__name__]
 
 
 class _ChunkedHead(torch.autograd.Function):
@@ -59,33 +100,35 @@ class _ChunkedHead(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, rows, with_entropy):
+    def forward(ctx, hidden, weight, bias, tokens, temperature, rows, with_entropy, fused):
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None, no work
         dtype = _matmul_dtype(hidden, weight)
         w = weight.to(dtype)
+        statistics = _compiled(chunk_statistics) if fused else chunk_statistics
         logps, normalisers, entropies = [], [], []
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], rows):
-                z = _scaled_logits(hidden[start : start + rows].to(dtype), w, bias, temperature)
-                normaliser = torch.logsumexp(z, dim=-1)
-                logps.append(z.gather(-1, tokens[start : start + rows, None]).squeeze(-1))
+                part = slice(start, start + rows)
+                products = hidden[part].to(dtype) @ w.T
+                picked, normaliser, entropy = statistics(
+                    products, bias, tokens[part], temperature, with_entropy
+                )
+                logps.append(picked)
                 normalisers.append(normaliser)
-                if with_entropy:
-                    # H = logsumexp(z) - sum softmax(z) * z
-                    expected = (torch.softmax(z, -1) * z).sum(-1)
-                    entropies.append(normaliser - expected)
+                entropies.append(entropy)
         normaliser = torch.cat(normalisers)
         logp = torch.cat(logps) - normaliser
         entropy = torch.cat(entropies) if with_entropy else None
         ctx.save_for_backward(hidden, weight, bias, tokens, normaliser, entropy)
-        ctx.settings = (temperature, rows, dtype)
+        ctx.settings = (temperature, rows, dtype, fused)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, tokens, normaliser, entropy = ctx.saved_tensors
-        temperature, rows, dtype = ctx.settings
+        temperature, rows, dtype, fused = ctx.settings
         w = weight.to(dtype)
+        gradient = _compiled(chunk_logit_gradient) if fused else chunk_logit_gradient
         # A frozen head (LoRA) or frozen hidden states get no gradient and cost no matmul.
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         wants_weight = ctx.needs_input_grad[1]
@@ -100,20 +143,19 @@ class _ChunkedHead(torch.autograd.Function):
             for start in range(0, hidden.shape[0], rows):
                 part = slice(start, start + rows)
                 h = hidden[part].to(dtype)
-                log_p = _scaled_logits(h, w, bias, temperature).sub_(normaliser[part, None])
-                g_logp = grad_logp[part, None]
-                if grad_entropy is not None:
-                    # -p * (g_logp + g_H (log p + H)), formed in log_p's memory
-                    factor = log_p.add(entropy[part, None]).mul_(grad_entropy[part, None])
-                    grad_z = factor.add_(g_logp).mul_(log_p.exp_()).neg_()
-                else:
-                    grad_z = log_p.exp_().mul_(g_logp).neg_()
-                grad_z.scatter_add_(-1, tokens[part, None], g_logp)
-                if temperature != 1.0:
-                    grad_z /= temperature
+                grad_z, bias_part = gradient(
+                    h @ w.T,
+                    bias,
+                    tokens[part],
+                    temperature,
+                    normaliser[part, None],
+                    None if grad_entropy is None else entropy[part, None],
+                    grad_logp[part, None],
+                    None if grad_entropy is None else grad_entropy[part, None],
+                    dtype,
+                )
                 if grad_bias is not None:
-                    grad_bias += grad_z.sum(0)
-                grad_z = grad_z.to(dtype)  # cast once; both matmuls read it
+                    grad_bias += bias_part
                 if grad_hidden is not None:
                     grad_hidden[part] = grad_z @ w
                 if grad_weight is not None:
@@ -122,7 +164,7 @@ class _ChunkedHead(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def chunked_logprob_entropy(
@@ -133,17 +175,21 @@ def chunked_logprob_entropy(
     temperature: float = 1.0,
     chunk_elements: int | None = None,
     with_entropy: bool = True,
+    fused: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """(log p(token), entropy) per position, each [N] float32, equal to log_softmax over the
     full logits / temperature, with at most `chunk_elements` logits alive at a time (None: the
     device's `chunk_elements_for`); the entropy is None when `with_entropy` is false (the
-    reference and old policies need none)."""
+    reference and old policies need none). `fused`: each chunk's element-wise work compiled
+    (`torch.compile`) into a few kernels, the same numbers up to rounding."""
     if hidden.shape[0] == 0:  # no tokens
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty if with_entropy else None
     chunk_elements = chunk_elements or chunk_elements_for(hidden.device)
     rows = max(1, chunk_elements // weight.shape[0])
-    return _ChunkedHead.apply(hidden, weight, bias, tokens, temperature, rows, with_entropy)
+    return _ChunkedHead.apply(
+        hidden, weight, bias, tokens, temperature, rows, with_entropy, fused
+    )
 
 
 def plain_logprob_entropy(

@@ -26,12 +26,15 @@ class TokenLogprobModel(nn.Module):
     (`distributed.shard`). Its forward is `lm_token_logprobs`.
     """
 
-    def __init__(self, lm: nn.Module):
+    def __init__(self, lm: nn.Module, fused_head: bool = False):
         super().__init__()
         self.lm = lm
+        self.fused_head = fused_head  # the head's chunks compiled (`trainer.compile`)
 
     def forward(self, inputs: Pass, with_entropy=False, temperature=1.0):
-        logp, entropy = lm_token_logprobs(self.lm, inputs, with_entropy, temperature)
+        logp, entropy = lm_token_logprobs(
+            self.lm, inputs, with_entropy, temperature, self.fused_head
+        )
         # Fresh tensors, not views: FSDP2 hooks the root's outputs for its backward.
         return logp.clone(), None if entropy is None else entropy.clone()
 
@@ -69,14 +72,14 @@ def attention_of(model) -> str | None:
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def lm_token_logprobs(lm, inputs: Pass, with_entropy=False, temperature=1.0):
+def lm_token_logprobs(lm, inputs: Pass, with_entropy=False, temperature=1.0, fused_head=False):
     """Log-prob of each response token of the pass under `lm`, and each prediction's entropy.
 
     Logits are divided by the sampling temperature, so log-probs are those of the
     distribution the sampler drew from. The body runs once; the LM head is applied to the
     predicting positions only, a chunk of tokens at a time (`ops.logprobs`), so the
-    [tokens, vocabulary] logits of the whole pass never exist at once.
-    Returns ([b, t], [b, t] or None).
+    [tokens, vocabulary] logits of the whole pass never exist at once; `fused_head` compiles
+    each chunk's element-wise work. Returns ([b, t], [b, t] or None).
     """
     body = {
         "input_ids": inputs.input_ids,
@@ -101,6 +104,7 @@ def lm_token_logprobs(lm, inputs: Pass, with_entropy=False, temperature=1.0):
         head.bias,
         temperature,
         with_entropy=with_entropy,
+        fused=fused_head,
     )
     tokens = inputs.tokens
     return logp.view_as(tokens), entropy.view_as(tokens) if with_entropy else None

@@ -127,12 +127,12 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     lora = cfg.model.lora.rank > 0
     bf16_weights = compute == "bfloat16" and t.bf16_weights and t.dtype == "float32" and not lora
     working = None
-    learner = TokenLogprobModel(policy)
+    learner = TokenLogprobModel(policy, fused_head=t.compile)
     if sharded:
         learner = distributed.shard(learner, policy, torch.bfloat16 if bf16_weights else None)
     elif bf16_weights:
         working = WorkingWeights(policy)
-        learner = TokenLogprobModel(working.model)
+        learner = TokenLogprobModel(working.model, fused_head=t.compile)
     # beta = 0 means no KL term, so no reference model is loaded at all.
     # Frozen, it is held in the compute dtype (half the memory).
     # With LoRA the reference is the policy itself with its adapters off (`lora.adapters_off`).
