@@ -110,7 +110,9 @@ class Op:
     bytes: float
     reads: list[int] = field(default_factory=list)  # storages read (for `fuse`)
     writes: list[int] = field(default_factory=list)
-    region: str = "body"  # "head" inside the chunked LM head, else "body"
+    # "head" inside the chunked LM head; "batch" on the batch's tables alone (the passes'
+    # layout, masks, advantages: nothing compiles them); else "body"
+    region: str = "body"
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -222,7 +224,8 @@ class Recorder(TorchDispatchMode):
             kind, flops = "attention", formula(*args[: 3 if forward else 4], out_val=out)
         elif packet in MATMULS:
             kind, flops = "matmul", flop_registry[packet](*args, **kwargs, out_val=out)
-        self.ops.append(Op(func.__name__, kind, flops, moved, reads, writes, self.region))
+        region = self.region if any(isinstance(a, FakeTensor) for a in inputs) else "batch"
+        self.ops.append(Op(func.__name__, kind, flops, moved, reads, writes, region))
         return out
 
 

@@ -111,6 +111,8 @@ TRL_NAMES: dict[str, PeerName] = {
               "(trainer.dtype is the weights' dtype)", "trainer.bf16_autocast={value}"),
     "gradient_checkpointing": P("TRL", "model.gradient_checkpointing", "recompute activations "
                                 "in the backward pass", "model.gradient_checkpointing={value}"),
+    "torch_compile": P("TRL", "trainer.compile", "torch.compile of the learner's decoder "
+                       "layers and head", "trainer.compile={value}"),
     "logging_steps": P("TRL", None, "it logs every step's metrics; logger.print_samples_every "
                        "prints responses every N steps, logger.samples_every saves them"),
     "log_completions": P("TRL", "logger.print_samples_every", "a table of responses every N "

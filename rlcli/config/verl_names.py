@@ -150,6 +150,9 @@ VERL_NAMES: dict[str, PeerName] = {
     "actor_rollout_ref.model.enable_gradient_checkpointing": P(
         "verl", "model.gradient_checkpointing", "recompute activations in the backward pass "
         "(auto, the default: when free memory is short)", "model.gradient_checkpointing={value}"),
+    "actor_rollout_ref.actor.use_torch_compile": P(
+        "verl", "trainer.compile", "torch.compile of the learner's decoder layers and head",
+        "trainer.compile={value}"),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": P(
         "verl", "trainer.dtype", "the learner's parameter dtype, float32, bfloat16 or float16 "
         "(trainer.bf16_autocast computes in bfloat16 over float32 weights)",

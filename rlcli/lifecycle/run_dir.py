@@ -45,6 +45,7 @@ FREE = (
     "trainer.max_tokens_per_micro_batch",
     "trainer.attention",
     "trainer.bf16_weights",
+    "trainer.compile",
     "model.gradient_checkpointing",
     "sampler.max_model_len",
     "sampler.gpu_memory_utilization",
