@@ -187,9 +187,7 @@ def chunked_logprob_entropy(
         return empty, empty if with_entropy else None
     chunk_elements = chunk_elements or chunk_elements_for(hidden.device)
     rows = max(1, chunk_elements // weight.shape[0])
-    return _ChunkedHead.apply(
-        hidden, weight, bias, tokens, temperature, rows, with_entropy, fused
-    )
+    return _ChunkedHead.apply(hidden, weight, bias, tokens, temperature, rows, with_entropy, fused)
 
 
 def plain_logprob_entropy(
