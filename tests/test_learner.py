@@ -122,7 +122,9 @@ def test_fast_path_gives_the_plain_paths_loss_and_gradients(run, batch, monkeypa
     from rlcli.ops.logprobs import chunked_logprob_entropy, plain_logprob_entropy
     from rlcli.runtime.models import load_causal_lm
 
-    def plain_head(hidden, weight, tokens, bias=None, temperature=1.0, with_entropy=True):
+    def plain_head(
+        hidden, weight, tokens, bias=None, temperature=1.0, with_entropy=True, fused=False
+    ):
         logits = hidden @ weight.T + (0 if bias is None else bias)
         logp, entropy = plain_logprob_entropy(logits, tokens, temperature)
         return logp, entropy if with_entropy else None

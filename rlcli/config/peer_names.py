@@ -113,6 +113,8 @@ TRL_NAMES: dict[str, PeerName] = {
                                 "in the backward pass", "model.gradient_checkpointing={value}"),
     "torch_compile": P("TRL", "trainer.compile", "torch.compile of the learner's decoder "
                        "layers and head", "trainer.compile={value}"),
+    "use_liger_kernel": P("TRL", None, "Liger's kernels are not used; trainer.compile=true "
+                          "fuses the same norms, SwiGLU and rotary with torch.compile"),
     "logging_steps": P("TRL", None, "it logs every step's metrics; logger.print_samples_every "
                        "prints responses every N steps, logger.samples_every saves them"),
     "log_completions": P("TRL", "logger.print_samples_every", "a table of responses every N "

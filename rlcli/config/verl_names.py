@@ -153,6 +153,12 @@ VERL_NAMES: dict[str, PeerName] = {
     "actor_rollout_ref.actor.use_torch_compile": P(
         "verl", "trainer.compile", "torch.compile of the learner's decoder layers and head",
         "trainer.compile={value}"),
+    "actor_rollout_ref.model.use_liger": P(
+        "verl", None, "Liger's kernels are not used; trainer.compile=true fuses the same "
+        "norms, SwiGLU and rotary with torch.compile"),
+    "actor_rollout_ref.model.use_fused_kernels": P(
+        "verl", None, "trainer.compile=true compiles the LM head's log-prob and entropy "
+        "chunks (and the decoder layers) with torch.compile"),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": P(
         "verl", "trainer.dtype", "the learner's parameter dtype, float32, bfloat16 or float16 "
         "(trainer.bf16_autocast computes in bfloat16 over float32 weights)",
