@@ -218,6 +218,11 @@ def generated_tokens(url: str) -> float:
     return sum(counts)
 
 
+# In -m slow: on a 2-core Intel Xeon (AVX512-BF16) it failed in 8 runs of 14, at the code before
+# issue 56 too: the push it starts after 20 tokens then took 5.7 s or more, until the responses
+# had ended (every token of version 0), with 900-token and with 1,950-token responses alike.
+# The push's first half, received by the worker while it generates, can wait that long there.
+@pytest.mark.slow
 def test_a_push_mid_generation_changes_the_weights_between_two_tokens(tiny_overrides):
     # sampler.max_staleness >= 1: the push pauses the worker between two decode steps keeping
     # its requests, and they go on with the new weights. In float32 the sampler's log-prob of
