@@ -80,13 +80,15 @@ def chunk_logit_gradient(
 
 # The two functions compiled (`fused=True`): each chunk's element-wise work and reductions in a
 # few kernels that read the [rows, vocabulary] products once or twice, instead of one kernel
-# and one pass over them per operator. Made on first use (compiling costs seconds).
+# and one pass over them per operator. Made on first use (compiling costs seconds). The rows
+# of a pass's last chunk vary from pass to pass: PyTorch compiles a second, shape-generic
+# graph at the first change, rather than one graph per row count.
 _COMPILED: dict[str, object] = {}
 
 
 def _compiled(fn):
     if fn.__name__ not in _COMPILED:
-        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False)
+        _COMPILED[fn.__name__] = torch.compile(fn)
     return _COMPILED[fn.__name__]
 
 
