@@ -21,7 +21,7 @@ value on the host (`.item()`, `float(tensor)`) a sync that leaves the GPU idle f
 Two things no recording sees, modelled instead: a fused kernel (torch.compile, Liger) is the
 element-wise operators between two matrix products or attention calls taken as one kernel that
 reads what the chain reads from outside and writes the chain's last output (`fuse`); and the
-FSDP wrapper, which rlcli does not put on one rank. What each lever changes is in `LEVERS`;
+FSDP wrapper, which rlcli does not put on one rank. What each lever changes is in `LADDER`;
 docs/performance.md ("A roofline model of the GPU step") has the ladder and the calibration.
 """
 
