@@ -16,8 +16,9 @@ from rlcli.runtime.memory import checkpointing_kwargs
 from rlcli.runtime.models import compile_layers
 from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.learner import UpdatePlan, learn, objective_from_config, read_once
-from rlcli.train.run import checkpointing_mode
+from rlcli.train.run import checkpointing_mode, setup
 from rlcli.validate import compose
+from tests.conftest import tiny
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 from gpu_check import SMALL, synthetic_batch  # noqa: E402
@@ -144,6 +145,16 @@ def test_sums_are_read_from_the_device_once():
         torch.stack = real_stack
     assert got == {"a": 1.5, "b": 2.0, "c": 0.25} and list(got) == ["a", "b", "c"]
     assert reads == [2]  # both tensors in one stack, one read
+
+
+@pytest.mark.parametrize(("written", "compiled"), [("true", "false"), ("selective", "true")])
+def test_a_run_that_recomputes_has_its_learner_in_training_mode(written, compiled):
+    # transformers checkpoints only in training mode: recompute asked for and a learner left in
+    # evaluation mode would keep every activation. With trainer.compile off and on.
+    overrides = (f"model.gradient_checkpointing={written}", f"trainer.compile={compiled}")
+    run = setup(compose(tiny(*overrides)))
+    lm = run.learner.lm
+    assert lm.is_gradient_checkpointing and lm.training
 
 
 @pytest.mark.parametrize(("free_mb", "want"), [(400, "none"), (120, "selective"), (30, "full")])

@@ -170,10 +170,10 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     # Decided once the rest of the run is loaded, by the memory left for the activations.
     if (recompute := checkpointing_mode(cfg, learner.lm, device)) != "none":
         learner.lm.gradient_checkpointing_enable(checkpointing_kwargs(recompute))
-    if t.compile:
-        compile_layers(learner.lm)
         learner.lm.train()  # transformers only checkpoints in training mode; Llama has no dropout
         dropout_off(learner.lm)  # LoRA's has, for the learner's passes only
+    if t.compile:
+        compile_layers(learner.lm)
     optimizer = adamw(trainable(policy if working else learner), t.lr, t.weight_decay)
     if working is not None:
         working.follow(optimizer)
