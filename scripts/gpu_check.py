@@ -149,8 +149,6 @@ def measure(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlcli.ops import logprobs
-    from rlcli.runtime.memory import checkpointing_kwargs
-    from rlcli.runtime.models import compile_layers
     from rlcli.runtime.precision import WorkingWeights
 
     shape = SMALL if small else QWEN25_15B
@@ -170,12 +168,9 @@ def measure(
     if working is not None:
         working.follow(optimizer)
     policy = working.model if working is not None else lm
-    if recompute != "none":
-        policy.gradient_checkpointing_enable(checkpointing_kwargs(recompute))
-    if compile:
-        compile_layers(policy)
     policy.train()
-    model = TokenLogprobModel(policy, fused_head=compile)
+    lever = {"recompute": recompute} if recompute != "none" else {}
+    model = with_lever(policy, {**lever, "compile": compile})
     # Each shared-prompt row: a 256-token prompt and its 4 responses of 192 tokens (1,024).
     prompt_len, response_len, group = (32, 24, 4) if small else (256, 192, 4)
     row = prompt_len + group * response_len

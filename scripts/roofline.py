@@ -181,7 +181,8 @@ class Recorder(TorchDispatchMode):
             # A fake value has none to read: a made-up one, and the step goes on.
             return True if t.dtype == torch.bool else 1 if not t.dtype.is_floating_point else 0.5
         inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        if not any(isinstance(a, FakeTensor) for a in inputs):
+        on_fakes = any(isinstance(a, FakeTensor) for a in inputs)
+        if not on_fakes:
             with _disable_current_modes():
                 out = func(*args, **kwargs)
             if self.host:
@@ -224,7 +225,7 @@ class Recorder(TorchDispatchMode):
             kind, flops = "attention", formula(*args[: 3 if forward else 4], out_val=out)
         elif packet in MATMULS:
             kind, flops = "matmul", flop_registry[packet](*args, **kwargs, out_val=out)
-        region = self.region if any(isinstance(a, FakeTensor) for a in inputs) else "batch"
+        region = self.region if on_fakes else "batch"
         self.ops.append(Op(func.__name__, kind, flops, moved, reads, writes, region))
         return out
 

@@ -12,6 +12,8 @@ once per op of a generic autograd graph.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -83,13 +85,9 @@ def chunk_logit_gradient(
 # and one pass over them per operator. Made on first use (compiling costs seconds). The rows
 # of a pass's last chunk vary from pass to pass: PyTorch compiles a second, shape-generic
 # graph at the first change, rather than one graph per row count.
-_COMPILED: dict[str, object] = {}
-
-
+@functools.cache
 def _compiled(fn):
-    if fn.__name__ not in _COMPILED:
-        _COMPILED[fn.__name__] = torch.compile(fn)
-    return _COMPILED[fn.__name__]
+    return torch.compile(fn)
 
 
 class _ChunkedHead(torch.autograd.Function):
