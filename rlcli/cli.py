@@ -86,7 +86,7 @@ def _job(raw, work) -> None:
 
     from rlcli.config import ConfigError
     from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped
-    from rlcli.lifecycle.run_dir import claim, record_config
+    from rlcli.lifecycle.run_dir import claim, discard_unused, record_config
     from rlcli.rollout.worker_client import WorkerLost
     from rlcli.tracking.console import job_log
     from rlcli.validate import validate
@@ -110,6 +110,10 @@ def _job(raw, work) -> None:
                     record_config(run_dir, cfg, command)
                 work(cfg, run_dir)
         except ConfigError as err:
+            # Nothing is left behind: the directory this command made for a run that never
+            # began goes again (under torchrun rank 0 decides for all).
+            if os.environ.get("RANK", "0") == "0":
+                discard_unused(run_dir, hydra_files)
             _fail(str(err))
         except OSError as err:  # a file rlcli reads or writes: the disk, not the program
             what = f"{err.strerror} ({err.filename})" if err.filename else str(err)
@@ -183,40 +187,20 @@ def _filter(cfg, run_dir: Path) -> None:
     filter_dataset(cfg, run_dir)
 
 
-# Hydra's flags that take a value (`--cfg job`); `--info` takes one only from its topics.
-VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
-               "-cn", "--config-dir", "-cd", "--experimental-rerun")  # fmt: skip
-INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
-
-
-def split_flags(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(Hydra's flags with their values, the overrides), each in the order given. Hydra's
-    argument parser reads the overrides as one run of positional arguments, so a flag between
-    or after them (`algo=grpo,dapo -m`) must move in front: then flags work in any position,
-    as users of Hydra apps expect."""
-    flags, overrides, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
-        takes_value = arg in VALUE_FLAGS or (
-            arg == "--info" and i + 1 < len(argv) and argv[i + 1] in INFO_TOPICS
-        )
-        if arg.startswith("-") and takes_value and i + 1 < len(argv):
-            flags += argv[i : i + 2]
-            i += 2
-            continue
-        (flags if arg.startswith("-") else overrides).append(arg)
-        i += 1
-    return flags, overrides
-
-
 def _hydra_command(name: str, work, argv: list[str]) -> None:
     """Run `work` as a Hydra app over conf/, so overrides, -m and --help work as usual."""
     import hydra
 
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.free_form import settable
-    from rlcli.config.overrides import check_overrides, check_syntax, read_dashed
-    from rlcli.lifecycle.run_dir import claim
+    from rlcli.config.overrides import (
+        check_overrides,
+        check_syntax,
+        quote_for_hydra,
+        read_dashed,
+        split_flags,
+    )
+    from rlcli.lifecycle.run_dir import claim, forget_new_dirs, note_new_dirs
     from rlcli.recipes import check_recipe_choices, register_recipes
     from rlcli.validate import with_default_sampler
 
@@ -238,7 +222,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     except ConfigError as err:
         _fail(str(err))
     if asks_help:
-        _help(topic, settable(split_flags(argv)[1]))
+        _help(topic, [quote_for_hydra(o) for o in settable(split_flags(argv)[1])])
         return
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
         a.startswith("hydra.run.dir=") for a in argv
@@ -254,6 +238,8 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
         print("rlcli: vLLM is not installed; sampling with sampler=hf.", file=sys.stderr)
     flags, overrides = split_flags(argv)
     overrides = settable(overrides)  # a piece's setting, with or without + (config/free_form)
+    # A value as written (/tmp/dätä.jsonl): Hydra's grammar reads such characters only quoted.
+    overrides = [quote_for_hydra(o) for o in overrides]
     # A sweep names each job's folder by the overrides that vary across it (rlcli/sweep.py).
     from omegaconf import OmegaConf
 
@@ -267,6 +253,9 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     # first have rewritten the running one's .hydra/config.yaml. `_job` holds it on (re-entrant).
     task = shlex.join([*added, *overrides])
     early = named and os.environ.get("RANK", "0") == "0"
+    forget_new_dirs()
+    if named:  # before the lock makes it (Hydra's callback notes any other run directory)
+        note_new_dirs(named)
     hydra_files = (".hydra", f"{name}.log")  # left from an earlier start that failed to validate
     try:
         with claim(named, f"rlcli {name} {task}", hydra_files) if early else nullcontext():
@@ -367,9 +356,11 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rlcli.lifecycle.guard import ctrl_c_stops, interruptible
     from rlcli.tracking.console import quiet_libraries
 
     quiet_libraries()
+    ctrl_c_stops()
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -382,14 +373,14 @@ def main(argv: list[str] | None = None) -> None:
         valid = ", ".join(COMMANDS)
         _fail(f"unknown command {command!r}; valid commands: {valid}. See rlcli --help.")
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        COMMANDS[command](rest)
+        interruptible(COMMANDS[command], rest)
         return
     # A torchrun rank: its process ends without Python's finalisation, which can abort it
     # after a finished run (`distributed.end_process` says why).
     from rlcli.runtime.distributed import end_process
 
     try:
-        COMMANDS[command](rest)
+        interruptible(COMMANDS[command], rest)
     except SystemExit as exit_:
         end_process(exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None))
     end_process(0)

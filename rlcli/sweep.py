@@ -278,6 +278,13 @@ def short_value(value: str) -> str:
     return value if len(value) <= VALUE_CHARS else "~" + value[-(VALUE_CHARS - 1) :]
 
 
+def unquoted(value: str) -> str:
+    """A value without the quotes Hydra's grammar reads it in ('/data/dätä.jsonl': rlcli quotes
+    a value holding characters the grammar takes only quoted)."""
+    quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+    return value[1:-1] if quoted else value
+
+
 def job_dirname(num, task_overrides, fixed_keys) -> str:
     """A sweep job's directory: its number, then its overrides whose keys are not in
     `fixed_keys`, each key by its last part where no other such key ends the same
@@ -289,7 +296,7 @@ def job_dirname(num, task_overrides, fixed_keys) -> str:
     parts = []
     for override, key, short in zip(varied, keys, last, strict=True):
         name = short if last.count(short) == 1 else key.replace("/", ".")
-        parts.append(f"{name}={short_value(override.split('=', 1)[-1])}")
+        parts.append(f"{name}={short_value(unquoted(override.split('=', 1)[-1]))}")
     return "_".join([str(num), ",".join(parts)]) if parts else str(num)
 
 

@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from rlcli.config.schema import CONF_DIR, VLLM_HEAD_SIZES, Config, ConfigError
 
@@ -179,12 +179,18 @@ def validate(raw: DictConfig) -> Config:
     """Check types, unknown keys and allowed values; return the typed config object."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+        # Interpolations (${...}) resolve here: one that names no key fails here too.
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as err:
         # OmegaConf's own message names the key and the expected type; keep only its first line.
         first = str(err).strip().splitlines()[0]
         key = getattr(err, "full_key", None)
-        raise ConfigError(f"Invalid config value{f' at {key}' if key else ''}: {first}") from None
-    cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        hint = ""
+        if isinstance(err, InterpolationResolutionError):
+            hint = " (${...} refers to another key of the config by its path, e.g. ${trainer.lr})"
+        raise ConfigError(
+            f"Invalid config value{f' at {key}' if key else ''}: {first}{hint}"
+        ) from None
     # A YAML or command-line true/false reaches the string field as "True"/"False".
     cfg.model.gradient_checkpointing = cfg.model.gradient_checkpointing.lower()
     for key, allowed in _choices().items():

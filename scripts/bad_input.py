@@ -117,6 +117,8 @@ BAD_INPUTS = [
              "Invalid config value at trainer.max_steps: Value 'ten' of type 'str' could not "
              "be converted to Integer"),
     BadInput("nan learning rate", ["trainer.lr=nan"], "trainer.lr=nan is not a finite number"),
+    BadInput("interpolation that names no key", ["trainer.lr=${nope}"],
+             "Invalid config value at trainer.lr: Interpolation key 'nope' not found"),
     BadInput("inf clip bound", ["algo.eps_high=inf"], "algo.eps_high=inf is not a finite number"),
     BadInput("missing data file", ["data=jsonl", "data.path=/nonexistent/train.jsonl"],
              "data.path=/nonexistent/train.jsonl: no such file."),
@@ -282,6 +284,255 @@ BAD_INPUTS = [
              "algo.advantage=reinforce_pp (statistics over the whole batch: whitening, counts "
              "of flat groups) runs in one process only for now, but torchrun started 2",
              env=lambda tmp: {**os.environ, "WORLD_SIZE": "2"}),
+    BadInput('conversation with an unknown role',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.1.role is a string ("usr"), which is n'
+             'ot a chat role: the valid roles are system, user, assistant, tool.',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": "2+3?"}, {"role": "usr", "content": "Go"}], "answer": '
+                          '"5"}\n'}),
+    BadInput('conversation with an image content part',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.0.content.0.type is a string ("image")'
+             ': the only valid content part is {"type": "text", "text": "..."}',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": [{"type": "image", "image": "cat.png"}]}],'
+                          ' "answer": "5"}\n'}),
+    BadInput('conversation with a content part that is not an object',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.0.content.0 is a string ("2+3?"); a co'
+             'ntent part is an object: {"type": "text", "text": "..."}.',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": ["2+3?"]}], "answer": "5"}\n'}),
+    BadInput('conversation with a text part whose text is not text',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.0.content.0.text is a number (5), not '
+             'text.',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": [{"type": "text", "text": 5}]}], "answer": "5"}\n'}),
+    BadInput('conversation whose tool_calls is not a list',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.1.tool_calls is an object ({"name": "a'
+             'dd"}); tool_calls is a list of calls',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": "2+3?"}, {"role": "assistant", "content": null, "tool_calls'
+                          '": {"name": "add"}}, {"role": "user", "content": "2+3?"}], "answer": "5'
+                          '"}\n'}),
+    BadInput('conversation with tool_calls on a user message',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.0.tool_calls is on a user message; onl'
+             'y an assistant message makes tool calls',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": "2+3?", "tool_calls": [{"type": "function", "function": {"n'
+                          'ame": "add"}}]}], "answer": "5"}\n'}),
+    BadInput('conversation item that is not a message',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.1 is a string ("and 4?"), not a chat m'
+             'essage; give each message as an object',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": "2+3?"}, "and 4?"], "answer": "5"}\n'}),
+    BadInput('conversation message without content',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.0.content is missing; only an assistan'
+             't message with tool_calls may have no content',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user"}'
+                          '], "answer": "5"}\n'}),
+    BadInput('conversation user message with null content',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, question.0.content is null; only an assistant m'
+             'essage with tool_calls may have no content',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": null}], "answer": "5"}\n'}),
+    BadInput('conversation message content that is a number',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             "In row 1 of data.path={tmp}/c.jsonl, question.0.content is a number (7); a message's"
+             ' content is text, or a list of text parts',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": 7}], "answer": "5"}\n'}),
+    BadInput('conversation tool message whose name is not text',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             "In row 1 of data.path={tmp}/c.jsonl, question.1.name is a number (7); a message's na"
+             'me is text.',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": "2+3?"}, {"role": "tool", "content": "5", "name": 7}], "ans'
+                          'wer": "5"}\n'}),
+    BadInput('conversation with no user message',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, data.prompt_field=question is a list with no us'
+             'er message',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "system'
+                          '", "content": "Be brief."}], "answer": "5"}\n'}),
+    BadInput('conversation that ends with a tool call',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 1 of data.path={tmp}/c.jsonl, the conversation ends with an assistant message'
+             ' (question.1) that holds no text to continue',
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": [{"role": "user",'
+                          ' "content": "2+3?"}, {"role": "assistant", "content": null, "tool_calls'
+                          '": [{"type": "function", "function": {"name": "add", "arguments": {}}}]'
+                          '}], "answer": "5"}\n'}),
+    BadInput('conversation the chat template cannot render',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             "cannot render the conversation of problem 'jsonl-train-0' (TypeError: can only conca"
+             'tenate str (not "NoneType") to str).',
+             {'c.jsonl': '{"question": [{"role": "user", "content": "2+3?"}, {"role": "assistant"'
+                          ', "content": null, "tool_calls": [{"type": "function", "function": {"na'
+                          'me": "add", "arguments": {"a": 2, "b": 3}}}]}, {"role": "tool", "conten'
+                          't": "5", "tool_call_id": "c1", "name": "add"}, {"role": "user", "conten'
+                          't": "Thanks. And 5+4?"}], "answer": "9"}\n{"question": [{"role": "u'
+                          'ser", "content": "2+3?"}, {"role": "assistant", "content": null, "tool_'
+                          'calls": [{"type": "function", "function": {"name": "add", "arguments": '
+                          '{"a": 2, "b": 3}}}]}, {"role": "tool", "content": "5", "tool_call_id": '
+                          '"c1", "name": "add"}, {"role": "user", "content": "Thanks. And 5+4?"}],'
+                          ' "answer": "9"}\n{"question": [{"role": "user", "content": "2+3?"},'
+                          ' {"role": "assistant", "content": null, "tool_calls": [{"type": "functi'
+                          'on", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]}, {"r'
+                          'ole": "tool", "content": "5", "tool_call_id": "c1", "name": "add"}, {"r'
+                          'ole": "user", "content": "Thanks. And 5+4?"}], "answer": "9"}\n'}),
+    BadInput('null prompt',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             "The field 'question' (data.prompt_field) is null in row 1 of data.path={tmp}/c.jsonl",
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": null, "answer": '
+                          '"5"}\n'}),
+    BadInput('prompt that is an object',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 0 of data.path={tmp}/c.jsonl, data.prompt_field=question is an object ({"text'
+             '": "2+3?"}), not a prompt: a prompt is text or a list of chat messages',
+             {'c.jsonl': '{"question": {"text": "2+3?"}, "answer": "5"}\n{"question": {"text"'
+                          ': "2+3?"}, "answer": "5"}\n'}),
+    BadInput('prompt that is a boolean',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 0 of data.path={tmp}/c.jsonl, data.prompt_field=question is a boolean (true),'
+             ' not a prompt',
+             {'c.jsonl': '{"question": true, "answer": "5"}\n{"question": true, "answer": "5"}\n'}),
+    BadInput('prompt that is a number',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 0 of data.path={tmp}/c.jsonl, data.prompt_field=question is a number (12), no'
+             't a prompt',
+             {'c.jsonl': '{"question": 12, "answer": "5"}\n{"question": 12, "answer": "5"}\n'}),
+    BadInput('null answer',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             "The field 'answer' (data.answer_field) is null in row 1 of data.path={tmp}/c.jsonl",
+             {'c.jsonl': '{"question": "1+1?", "answer": "2"}\n{"question": "2+3?", "answer":'
+                          ' null}\n'}),
+    BadInput('answer that is a list',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 0 of data.path={tmp}/c.jsonl, data.answer_field=answer is a list (["5"]), not'
+             ' an answer: an answer is text or a number',
+             {'c.jsonl': '{"question": "2+3?", "answer": ["5"]}\n{"question": "2+3?", "answer'
+                          '": ["5"]}\n'}),
+    BadInput('answer that is a boolean',
+             ['data=jsonl', 'data.path={tmp}/c.jsonl'],
+             'In row 0 of data.path={tmp}/c.jsonl, data.answer_field=answer is a boolean (true), n'
+             'ot an answer',
+             {'c.jsonl': '{"question": "2+3?", "answer": true}\n{"question": "2+3?", "answer"'
+                          ': true}\n'}),
+    BadInput('CSV quote never closed, rows merged',
+             ['data=jsonl', 'data.path={tmp}/q.csv'],
+             'data.path={tmp}/q.csv: a double-quoted value opened in the row on line 3 runs on to '
+             'line 4, where its closing quote has more text after it: most likely a quote on line '
+             '3 is never closed',
+             {'q.csv': 'question,answer\n"What is 1+1?",2\n"What is 1+3?,4\n"What is 2+2?",4\n'}),
+    BadInput('CSV quote never closed to the end of the file',
+             ['data=jsonl', 'data.path={tmp}/q.csv'],
+             'data.path={tmp}/q.csv: the row that starts on line 3 opens a double-quoted value tha'
+             't is never closed: the file ends inside it.',
+             {'q.csv': 'question,answer\nWhat is 1+1?,2\n"What is 1+3?,4\nWhat is 2+2?,4\n'}),
+    BadInput('CSV row with an extra value',
+             ['data=jsonl', 'data.path={tmp}/q.csv'],
+             "data.path={tmp}/q.csv: line 3 has 3 values ('What is 1', '000 + 1?', '1001') where t"
+             'he header (line 1) has 2 columns (question, answer); most likely a comma inside a va'
+             'lue that is not in double quotes splits it in two.',
+             {'q.csv': 'question,answer\nWhat is 1+1?,2\nWhat is 1,000 + 1?,1001\n'}),
+    BadInput('CSV row missing a value',
+             ['data=jsonl', 'data.path={tmp}/q.csv'],
+             "data.path={tmp}/q.csv: line 3 has 1 value ('What is 2+2?') where the header (line 1)"
+             ' has 2 columns (question, answer); most likely a value is missing',
+             {'q.csv': 'question,answer\nWhat is 1+1?,2\nWhat is 2+2?\n'}),
+    BadInput('CSV rows each ending in a comma',
+             ['data=jsonl', 'data.path={tmp}/q.csv'],
+             "data.path={tmp}/q.csv: line 2 has 3 values ('What is 1+1?', '2', '') where the heade"
+             'r (line 1) has 2 columns',
+             {'q.csv': 'question,answer\nWhat is 1+1?,2,\nWhat is 2+2?,4,\n'}),
+    BadInput('CSV text after a closing quote',
+             ['data=jsonl', 'data.path={tmp}/q.csv'],
+             'data.path={tmp}/q.csv: line 2 has text after the closing quote of a double-quoted va'
+             'lue.',
+             {'q.csv': 'question,answer\n"What is" 1+1?,2\n'}),
+    BadInput('CSV with a header and no rows',
+             ['data=jsonl', 'data.path={tmp}/q.csv'],
+             'data.path={tmp}/q.csv holds no records: the header (line 1: question, answer) has no'
+             ' rows under it.',
+             {'q.csv': 'question,answer\n'}),
+    BadInput('JSONL line that is not JSON',
+             ['data=jsonl', 'data.path={tmp}/bad.jsonl'],
+             'data.path={tmp}/bad.jsonl: line 2 is not valid JSON (Expecting property name enclose'
+             'd in double quotes at column 24). A .jsonl file holds one JSON object per record',
+             {'bad.jsonl': '{"question": "What is 1 + 1?", "answer": "2"}\n{"question": "2 + '
+                            '2?", answer: "4"}\n'}),
+    BadInput('JSONL line that is a list',
+             ['data=jsonl', 'data.path={tmp}/l.jsonl'],
+             'data.path={tmp}/l.jsonl: line 2 holds a JSON string inside a list, not a record (an '
+             'object).',
+             {'l.jsonl': '{"question": "What is 1 + 1?", "answer": "2"}\n["What is 2 + 2?", '
+                          '"4"]\n'}),
+    BadInput('JSONL line that is null',
+             ['data=jsonl', 'data.path={tmp}/n.jsonl'],
+             'data.path={tmp}/n.jsonl: line 2 holds a JSON null, not a record (an object).',
+             {'n.jsonl': '{"question": "What is 1 + 1?", "answer": "2"}\nnull\n{"question": "W'
+                          'hat is 1 + 1?", "answer": "2"}\n'}),
+    BadInput('JSON file that is a number',
+             ['data=jsonl', 'data.path={tmp}/n.json'],
+             'data.path={tmp}/n.json: line 1 holds a JSON number, not a record (an object).',
+             {'n.json': '42\n'}),
+    BadInput('JSON list of numbers',
+             ['data=jsonl', 'data.path={tmp}/l.json'],
+             'data.path={tmp}/l.json: line 1 holds a JSON number inside a list, not a record',
+             {'l.json': '[1, 2, 3]\n'}),
+    BadInput('JSON file holding an empty list',
+             ['data=jsonl', 'data.path={tmp}/e.json'],
+             'data.path={tmp}/e.json holds no records: the file holds only an empty list.',
+             {'e.json': '[]\n'}),
+    BadInput('parquet file that is corrupt',
+             ['data=parquet', 'data.path={tmp}/rows.parquet'],
+             'data.path={tmp}/rows.parquet could not be read as parquet records: ',
+             {'rows.parquet': b'PAR1' + b'\x00' * 64 + b'PAR1'}),
+    BadInput('parquet file cut short',
+             ['data=parquet', 'data.path={tmp}/rows.parquet'],
+             'The file is cut short or is not parquet: write it again',
+             {'rows.parquet': b'PAR1\x15\x04\x15'}),
+    BadInput('saved dataset folder missing its arrow file',
+             ['data=jsonl', 'data.path={tmp}/saved'],
+             'data.path={tmp}/saved could not be read as a saved dataset: its file data-00000-of-0'
+             '0001.arrow is missing. The folder is incomplete or damaged',
+             {'saved': None,
+              'saved/state.json': '{"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "'
+                                   '_fingerprint": "0dafc616be949715", "_format_columns": null, "_'
+                                   'format_kwargs": {}, "_format_type": null, "_output_all_columns'
+                                   '": false, "_split": null}',
+              'saved/dataset_info.json': '{"citation": "", "description": "", "features": {"quest'
+                                          'ion": {"dtype": "string", "_type": "Value"}, "answer": '
+                                          '{"dtype": "string", "_type": "Value"}}, "homepage": "",'
+                                          ' "license": ""}'}),
+    BadInput('saved dataset folder with a broken dataset_info.json',
+             ['data=jsonl', 'data.path={tmp}/saved'],
+             'data.path={tmp}/saved could not be read as a saved dataset: its dataset_info.json is'
+             ' not valid JSON (Expecting value at line 1, column 14).',
+             {'saved': None,
+              'saved/state.json': '{"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "'
+                                   '_fingerprint": "0dafc616be949715", "_format_columns": null, "_'
+                                   'format_kwargs": {}, "_format_type": null, "_output_all_columns'
+                                   '": false, "_split": null}',
+              'saved/dataset_info.json': '{"features": '}),
+    BadInput('non-ASCII path to a missing file',
+             ['data=jsonl', 'data.path=/nonexistent/dätä_路径/prøb.jsonl'],
+             'data.path=/nonexistent/dätä_路径/prøb.jsonl: no such file.'),
+    BadInput('non-ASCII path to a file read as written',
+             ['data=jsonl', 'data.path={tmp}/dätä_路径.jsonl'],
+             'data.path={tmp}/dätä_路径.jsonl: line 2 holds a JSON null, not a record',
+             {'dätä_路径.jsonl': '{"question": "What is 1 + 1?", "answer": "2"}\nnull\n'}),
+    BadInput('non-ASCII value rlcli cannot quote',
+             ['data=jsonl', 'data.path=${oc.env:HOME}/dätä.jsonl'],
+             "'data.path=${oc.env:HOME}/dätä.jsonl' is not a valid override (LexerNoViableAlt"),
 ]  # fmt: skip
 
 
@@ -307,8 +558,8 @@ def try_bad_input(case: BadInput, tmp: Path) -> str | None:
         return f"exit code {result.code}, not 2:\n{result.stdout}{result.stderr}"
     if not result.last_line.startswith("rlcli: error: ") or expect not in result.last_line:
         return f"the last line is not the expected error:\n{result.last_line}\nwanted: {expect}"
-    if (tmp / "run" / "checkpoints").exists():
-        return "it wrote checkpoints"
+    if (tmp / "run").exists():  # a refused config leaves nothing behind (only files it made)
+        return "it left its run directory behind"
     return None
 
 
@@ -722,6 +973,10 @@ def none_after_step_1(prompts, responses, answers, **fields):
     return [None] * len(responses) if done else spaces(responses)
 
 
+def one_per_prompt(prompts, responses, answers, **fields):
+    return [1.0] * len(set(map(str, prompts)))  # one score per unique prompt
+
+
 def none_for_greedy(prompts, responses, answers, **fields):
     return [None] * 3 if len(responses) == 3 else spaces(responses)  # eval.max_problems=3
 
@@ -840,7 +1095,67 @@ def own_loss_that_raises_at_step_2(tmp: Path) -> str | None:
     return None if said in result.stderr else result.stderr[-500:]
 
 
+def trl_reward_with_one_score_per_prompt(tmp: Path) -> str | None:
+    """A TRL-style reward that returns one score per unique prompt (4 for 16 responses).
+    Not retried response by response (where it would seem to work): exit 2 saying it returned
+    4 scores for 16 responses."""
+    result, _ = _unscorable_run(tmp, "one_per_prompt", "trainer.max_steps=2")
+    if result.traceback or result.code != 2:
+        return f"exit {result.code}: {result.traceback or result.stderr[-500:]}"
+    said = "one_per_prompt: returned 4 scores for 16 responses"
+    return None if said in result.stderr else result.stderr[-500:]
+
+
+OWN_LOSS_NAN = """
+def nan_loss(*, ratio, advantages):
+    return -ratio * advantages * float("nan"), {}
+"""
+
+
+def own_loss_that_gives_nan(tmp: Path) -> str | None:
+    """A researcher's own loss that returns NaN, with trainer.max_bad_steps=2.
+    Each step's warning names the own loss as the first suspect, then the run stops with exit 3."""
+    (tmp / "own.py").write_text(OWN_LOSS_NAN)
+    result = rlcli(tmp / "run", f"algo.loss={tmp / 'own.py'}:nan_loss", "trainer.max_steps=3",
+                   "trainer.max_bad_steps=2")  # fmt: skip
+    if result.traceback or result.code != 3:
+        return f"exit {result.code}: {result.traceback or result.stderr[-500:]}"
+    text = (tmp / "run" / "train.log").read_text()  # the console's lines, the warnings among them
+    warnings = [line for line in text.splitlines() if line.startswith("rlcli: warning: step")]
+    named = f"Check your own algo.loss={tmp / 'own.py'}:nan_loss first"
+    return None if len(warnings) == 2 and all(named in w for w in warnings) else text[-800:]
+
+
+def ctrl_c_while_a_rollout_worker_starts(tmp: Path) -> str | None:
+    """Ctrl-C while a rollout worker starts, in a job started with SIGINT ignored (`... &`).
+    The run stops within seconds with exit 130, and no worker is left running."""
+    import signal
+
+    command = [sys.executable, "-m", "rlcli", "train", *TINY, "sampler=vllm", "sampler.workers=1",
+               "trainer.max_steps=20", f"hydra.run.dir={tmp / 'run'}"]  # fmt: skip
+    ignored = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=ignored)  # fmt: skip
+    log = tmp / "run" / "workers" / "worker-0.log"
+    deadline = time.monotonic() + 120
+    while not log.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    began = time.monotonic()
+    stdout, stderr = proc.communicate(timeout=120)
+    if proc.returncode != 130 or "Traceback" in stdout + stderr:
+        return f"exit {proc.returncode}: {stderr[-500:]}"
+    if time.monotonic() - began > 30:
+        return f"it took {time.monotonic() - began:.0f} s to stop"
+    found = subprocess.run(["pgrep", "-f", str(tmp / "run")], capture_output=True, text=True)
+    return f"processes left: {found.stdout}" if found.stdout.strip() else None
+
+
 FAULTS += [
+    trl_reward_with_one_score_per_prompt,
+    own_loss_that_gives_nan,
+    ctrl_c_while_a_rollout_worker_starts,
     own_loss_that_raises_at_step_2,
     reward_that_scores_nothing_at_step_2,
     held_out_evaluation_that_scores_nothing,

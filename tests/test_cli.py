@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcli.cli import main, split_flags
+from rlcli.cli import main
+from rlcli.config.overrides import split_flags
 from rlcli.tracking import console as console_log
 from rlcli.tracking.console import job_log
 from tests.conftest import tiny

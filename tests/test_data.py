@@ -473,7 +473,7 @@ BAD_RECORDS = {
         GOOD + b'{"question": "3 + 3?", "ans\n',
         "line 2 is not valid JSON (Invalid control character at column 28)",
     ),
-    "list.jsonl": (GOOD + b'["3 + 3?", "6"]\n', "line 2 holds a JSON list, not a record"),
+    "list.jsonl": (GOOD + b'["3 + 3?", "6"]\n', "line 2 holds a JSON string inside a list, not a"),
     "trailing.json": (
         b'[{"question": "1 + 1?", "answer": "2"},\n {"question": "2", "answer": "2"},\n]\n',
         "line 3 is not valid JSON (Expecting value at column 1)",
@@ -558,7 +558,9 @@ def test_a_missing_field_names_the_row_and_the_fields_present(tmp_path):
     rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 2?"}]
     path = write_jsonl(tmp_path / "probs.jsonl", rows)
     with pytest.raises(
-        ConfigError, match=r"no field 'answer' in row 1 of .* \(fields present: question\)"
+        # A row without a field other rows have is read as null (columnar files fill it so).
+        ConfigError,
+        match=r"'answer' \(data.answer_field\) is null in row 1 of .* \(fields present: question\)",
     ):
         load_splits(data_cfg("jsonl", path=str(path)))
     with pytest.raises(

@@ -330,6 +330,9 @@ def test_an_own_loss_that_gives_nan_is_named_as_the_first_suspect(tmp_path):
                        "trainer.max_bad_steps=1")  # fmt: skip
     assert code == 3, text
     assert f"First suspect your own algo.loss={own}:nan_loss" in text
+    # The warning of each such step names it too, for runs that go on (max_bad_steps > 1).
+    warning = next(line for line in text.splitlines() if "had a non-finite loss" in line)
+    assert f"Check your own algo.loss={own}:nan_loss first" in warning
 
 
 def test_opo_with_several_updates_a_batch_warns_at_the_start(tmp_path):

@@ -240,3 +240,7 @@ def test_the_promise_of_an_exact_resume_names_what_rollout_workers_do_not_repeat
     promise = " ".join(promise.split())
     assert "Rollout workers (`sampler.workers`, `sampler.urls`)" in promise
     assert "sample different responses from step 1 on" in promise
+    # The scaling page, where streaming's resumes are told, promises no more for k = 0.
+    scaling = " ".join((REPO / "docs" / "scaling.md").read_text().split())
+    assert "resume stays exact" not in scaling
+    assert "samples other responses than the run would have" in scaling

@@ -66,6 +66,11 @@ def near_float32_max(prompts, responses, answers, **fields):
     return [3e38] + [0.5] * (len(responses) - 1)
 
 
+def one_per_prompt(prompts, responses, answers, **fields):
+    """A batch-wise reward that scores each unique prompt once: one score per response alone."""
+    return [1.0] * len(dict.fromkeys(prompts))
+
+
 def a_set(prompts, responses, answers, **fields):
     return set(range(len(responses)))
 
@@ -218,3 +223,14 @@ def test_a_set_of_scores_is_refused_as_other_wrong_types_are(rewards, name):
     kind = name.removeprefix("a_")
     with pytest.raises(Unscorable, match=f"returned a {kind}, not a list of scores"):
         s(samples("1", "2"))
+
+
+def test_a_batch_call_with_the_wrong_count_is_not_retried_one_response_at_a_time(rewards):
+    # Response by response, one score per prompt is one score per response: the fallback
+    # would "work" with no error. The whole batch is unscored instead, saying why.
+    s = scorer("reward=python", f"reward.function={rewards('one_per_prompt')}")
+    batch = [Sample(p, "x", "47", {}, 5) for p in ["What is 1+1?"] * 2 + ["What is 2+2?"] * 2]
+    with pytest.raises(Unscorable, match="returned 2 scores for 4 responses"):
+        s(batch)
+    scores = s.score(batch)
+    assert torch.isnan(scores.total).all() and scores.metrics()["reward/errors"] == 4

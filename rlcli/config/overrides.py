@@ -164,16 +164,54 @@ def check_overrides(overrides: Sequence[str]) -> None:
             raise ConfigError(message)
 
 
+# Hydra's override grammar reads a value's letters and digits unquoted only when they are
+# ASCII, and of the other characters only these; `foreign` are all the rest (ä, 路, #, ~, !).
+HYDRA_UNQUOTED = frozenset("_-/+.$%*@?|: \t")
+# Characters that mean something to the grammar: quotes and escapes, lists, dicts, sweeps,
+# functions and interpolations. A value holding one is left as it is written.
+HYDRA_GRAMMAR = frozenset("'\"\\[]{}(),=")
+GRAMMAR_LINK = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+def foreign(text: str) -> list[str]:
+    """The characters of `text` that Hydra's grammar reads only inside quotes, in order."""
+    plain = HYDRA_UNQUOTED | HYDRA_GRAMMAR
+    return [c for c in text if not (c.isascii() and (c.isalnum() or c in plain))]
+
+
+def quote_for_hydra(override: str) -> str:
+    """`override` as Hydra's grammar reads it: a value holding characters it takes only inside
+    quotes (a path /tmp/dätä/prøb.jsonl, runs/rün) quoted, so that it is read as written. A
+    sweep's choices (a,b) and a list's items ([a,b]) are quoted one by one; a value holding
+    quotes, escapes, braces, parentheses or nested lists is left as written (`check_syntax`
+    then says to quote it)."""
+    key, sign, value = override.partition("=")
+    if not sign or not foreign(value) or set(value) & (HYDRA_GRAMMAR - set(",[]")):
+        return override
+    inner = value[1:-1] if value.startswith("[") and value.endswith("]") else None
+    if set(value if inner is None else inner) & set("[]"):
+        return override
+    items = ",".join(_quoted(item) for item in (value if inner is None else inner).split(","))
+    return f"{key}={items}" if inner is None else f"{key}=[{items}]"
+
+
+def _quoted(item: str) -> str:
+    """One value, quoted if it holds a foreign character (without the spaces around it, which
+    Hydra drops from a value it reads unquoted, and refuses around a quoted one)."""
+    return f"'{item.strip()}'" if foreign(item) else item
+
+
 def check_syntax(overrides: Sequence[str]) -> None:
     """Raise ConfigError for an override Hydra's grammar cannot read (`trainer.lr=[1,`, a
-    word without `=`): Hydra itself reports it with exit code 1, not a config error's 2."""
+    word without `=`), as `quote_for_hydra` hands it on: Hydra itself reports it with exit code
+    1, not a config error's 2."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     parser = OverridesParser.create()
     for override in overrides:
         try:
-            parser.parse_overrides([override])
+            parser.parse_overrides([quote_for_hydra(override)])
         except OverrideParseException as err:
             # Hydra's message: "Error parsing override ..." (sometimes), the parser's words,
             # then a link; the parser's words are what locate the mistake.
@@ -181,11 +219,26 @@ def check_syntax(overrides: Sequence[str]) -> None:
             words = [line for line in lines if not line.startswith(("Error parsing", "See "))]
             why = f" ({words[0]})" if words else ""
             raise ConfigError(
-                f"{override!r} is not a valid override{why}. An override is key=value: a "
-                "list as key=[a,b], a value holding spaces, commas, brackets, = or quotes "
-                "quoted as key='a, b' (the whole argument in double quotes for the shell); "
-                "see https://hydra.cc/docs/advanced/override_grammar/basic/."
+                f"{override!r} is not a valid override{why}. " + _syntax_fix(override)
             ) from None
+
+
+def _syntax_fix(override: str) -> str:
+    """What to write instead of `override`, which Hydra's grammar cannot read."""
+    key, _, value = override.partition("=")
+    if chars := list(dict.fromkeys(foreign(value))):
+        shown = " ".join(chars[:5])
+        return (
+            f"Hydra's grammar reads {shown} only inside quotes, which rlcli adds itself only to "
+            "a value (or a sweep's or list's items) without quotes, backslashes, braces, "
+            f"parentheses or nested lists: quote it yourself, {key}='...' (the whole argument "
+            f"in double quotes for the shell, \"{key}='...'\"); see {GRAMMAR_LINK}."
+        )
+    return (
+        "An override is key=value: a list as key=[a,b], a value holding spaces, commas, "
+        "brackets, = or quotes quoted as key='a, b' (the whole argument in double quotes for "
+        f"the shell); see {GRAMMAR_LINK}."
+    )
 
 
 # Hydra's own options (`--cfg job`, `--multirun`), left for Hydra, as is a prefix of one
@@ -274,3 +327,29 @@ def field_type(key: str) -> str | None:
 def is_on_off(key: str) -> bool:
     """Whether the dotted `key` is a field of the config that is true or false."""
     return (field_type(key) or "").startswith("bool")
+
+
+# Hydra's flags that take a value (`--cfg job`); `--info` takes one only from its topics.
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
+               "-cn", "--config-dir", "-cd", "--experimental-rerun")  # fmt: skip
+INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def split_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, the overrides), each in the order given. Hydra's
+    argument parser reads the overrides as one run of positional arguments, so a flag between
+    or after them (`algo=grpo,dapo -m`) must move in front: then flags work in any position,
+    as users of Hydra apps expect."""
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        takes_value = arg in VALUE_FLAGS or (
+            arg == "--info" and i + 1 < len(argv) and argv[i + 1] in INFO_TOPICS
+        )
+        if arg.startswith("-") and takes_value and i + 1 < len(argv):
+            flags += argv[i : i + 2]
+            i += 2
+            continue
+        (flags if arg.startswith("-") else overrides).append(arg)
+        i += 1
+    return flags, overrides

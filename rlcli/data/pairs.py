@@ -2,8 +2,9 @@
 reply), a chosen and a rejected response.
 
 The records may be plain text (`{"prompt": str, "chosen": str, "rejected": str}`) or chat form
-(prompt, chosen and rejected as lists of `{"role", "content"}` messages; without a prompt
-field, the chosen conversation minus its last message is the prompt, as in Anthropic-HH).
+(prompt, chosen and rejected as lists of `{"role", "content"}` messages, kept whole with their
+tool calls; without a prompt field, the chosen conversation minus its last message is the
+prompt, as in Anthropic-HH).
 `rlcli pairs` (rlcli/pairs.py) makes such records on-policy; `check_pairs` is the checks of its
 `pairs` section.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlcli.config import ConfigError, DataConfig, PairsConfig
+from rlcli.data.problems import content_text
 
 
 @dataclass(frozen=True)
@@ -20,26 +22,32 @@ class Pair:
     """One preference: `chosen` is the better reply to `prompt` than `rejected`."""
 
     id: str
-    prompt: list[dict]  # chat messages, ending before the reply
+    prompt: list[dict]  # chat messages, ending before the reply, each as the data gives it
     chosen: str
     rejected: str
 
 
-def as_messages(value) -> list[dict] | None:
-    """A prompt as chat messages: a string is one user message."""
+def as_messages(value, field: str, where: str) -> list[dict] | None:
+    """A prompt as chat messages, each kept whole (`field` holds it, `where` names the record
+    in the ConfigError for one a chat template cannot render): a string is one user message.
+    None for a value that is neither, or no messages."""
+    from rlcli.data.records import chat_messages
+
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
-    if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):
-        return [{"role": m.get("role", "user"), "content": str(m["content"])} for m in value]
+    if isinstance(value, list) and value:
+        return chat_messages(value, field, where)
     return None
 
 
-def reply_text(value) -> str | None:
+def reply_text(value, field: str, where: str) -> str | None:
     """A reply's text: a string, or the content of the last message of a conversation."""
+    from rlcli.data.records import chat_messages
+
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and isinstance(value[-1], dict):
-        return str(value[-1].get("content", ""))
+    if isinstance(value, list) and value:
+        return content_text(chat_messages(value, field, where)[-1]["content"])
     return None
 
 
@@ -50,12 +58,16 @@ def pair_from_record(record: dict, item_id: str, cfg: DataConfig, where: str) ->
     chosen_raw = field_or_error(record, "chosen_field", cfg, where)
     rejected_raw = field_or_error(record, "rejected_field", cfg, where)
     try:
-        prompt = as_messages(field_or_error(record, "prompt_field", cfg, where))
+        prompt_raw = field_or_error(record, "prompt_field", cfg, where)
     except ConfigError:
         if not (isinstance(chosen_raw, list) and len(chosen_raw) > 1):
             raise
-        prompt = as_messages(chosen_raw[:-1])  # implicit prompt: the shared conversation
-    chosen, rejected = reply_text(chosen_raw), reply_text(rejected_raw)
+        # implicit prompt: the shared conversation
+        prompt = as_messages(chosen_raw[:-1], cfg.chosen_field, where)
+    else:
+        prompt = as_messages(prompt_raw, cfg.prompt_field, where)
+    chosen = reply_text(chosen_raw, cfg.chosen_field, where)
+    rejected = reply_text(rejected_raw, cfg.rejected_field, where)
     if prompt is None or chosen is None or rejected is None:
         raise ConfigError(
             f"In {where}, the prompt, chosen and rejected fields must each be text or a list of "

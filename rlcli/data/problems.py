@@ -25,8 +25,9 @@ class Problem:
     # them back. Generated problems hold {"question", "answer"} plus their own fields.
     record: dict = field(default_factory=dict, hash=False)
     # The prompt as chat messages, when the data gives it so (TRL's conversational format:
-    # system, user and earlier turns, `data.instruction` added to the last user message); it
-    # is rendered whole, and a TRL reward function gets it as its prompt. None: a text prompt.
+    # system, user and earlier turns, tool calls and tool messages, each message as the data
+    # gives it, `data.instruction` added to the last user message); it is rendered whole, and
+    # a TRL reward function gets it as its prompt. None: a text prompt.
     conversation: tuple[dict, ...] | None = field(default=None, hash=False)
 
 
@@ -77,13 +78,79 @@ def render_prompt(
 
 
 def render_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
-    """Chat messages as the model's template renders them, ready for the reply. A model without
-    a template (a base model) gets their contents, a blank line apart."""
+    """Chat messages as the model's template renders them, ready for the reply. A conversation
+    that ends with an assistant message is continued, as TRL does: rendered with
+    continue_final_message and no generation prompt, so the model goes on with that turn. A
+    model without a template (a base model) gets their contents' text, a blank line apart."""
     if tokenizer.chat_template is None:
-        return "\n\n".join(str(m["content"]) for m in messages)
+        return "\n\n".join(content_text(m.get("content")) for m in messages)
+    if any(isinstance(m.get("content"), list) for m in messages) and not takes_parts(tokenizer):
+        messages = [_with_text_content(m) for m in messages]
+    final = messages[-1]["role"] == "assistant"
     return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=True
+        messages,
+        tools=tools,
+        tokenize=False,
+        add_generation_prompt=not final,
+        continue_final_message=final,
     )
+
+
+# --- message content: text, or a list of text parts (OpenAI's and TRL's form) ---------------------
+
+_PART_PROBE = "rlcli_probe_part"
+_TAKES_PARTS: dict[str, bool] = {}  # chat template -> whether it renders a list of text parts
+
+
+def content_text(content) -> str:
+    """A message's content as text: a string as it is, a list of text parts joined without a
+    separator (as the chat templates that take parts, Qwen2-VL's or Llama 4's, write them), and
+    no content (an assistant turn of tool calls) as ""."""
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content if part.get("type") == "text")
+    return content or ""
+
+
+def with_text(content, text: str, separator: str):
+    """`content` (text or a list of text parts) with `text` added after `separator`: to its last
+    text part, or as a new part when it has none. Unchanged when `text` is empty."""
+    if not text:
+        return content
+    if not isinstance(content, list):
+        return f"{content}{separator}{text}" if content else text
+    parts = list(content)
+    texts = [i for i, part in enumerate(parts) if part.get("type") == "text"]
+    if not texts:
+        return [*parts, {"type": "text", "text": text}]
+    last = parts[texts[-1]]
+    parts[texts[-1]] = {**last, "text": with_text(last["text"], text, separator)}
+    return parts
+
+
+def takes_parts(tokenizer) -> bool:
+    """Whether the tokenizer's chat template renders content given as a list of text parts as
+    it renders the same text given as a string. SmolLM2's adds the content to a string, so a
+    list fails there: such a template is given each list's text instead."""
+    template = str(tokenizer.chat_template)
+    if template not in _TAKES_PARTS:
+
+        def render(content) -> str:
+            messages = [{"role": "user", "content": content}]
+            return tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+
+        try:
+            as_parts = render([{"type": "text", "text": _PART_PROBE}])
+            _TAKES_PARTS[template] = as_parts == render(_PART_PROBE)
+        except Exception:  # the template's own error, or Jinja's on adding a list to a string
+            _TAKES_PARTS[template] = False
+    return _TAKES_PARTS[template]
+
+
+def _with_text_content(message: dict) -> dict:
+    content = message.get("content")
+    return {**message, "content": content_text(content)} if isinstance(content, list) else message
 
 
 def with_system(
@@ -94,8 +161,7 @@ def with_system(
     it; one without gets the run's (data.system_prompt and the tools' instructions)."""
     messages = [dict(m) for m in conversation]
     if messages[0]["role"] == "system":
-        if instructions:
-            messages[0]["content"] = f"{messages[0]['content']}\n\n{instructions}"
+        messages[0]["content"] = with_text(messages[0]["content"], instructions or "", "\n\n")
     elif system is not None:
         messages.insert(0, {"role": "system", "content": system})
     return messages
@@ -121,7 +187,15 @@ class PromptRenderer:
         if problem.conversation is None:
             return self(problem.question)
         messages = with_system(problem.conversation, self.system, self.instructions)
-        return render_messages(self.tokenizer, messages, self.tools)
+        try:
+            return render_messages(self.tokenizer, messages, self.tools)
+        except Exception as err:  # the template's raise_exception, or a field it cannot write
+            raise ConfigError(
+                f"The chat template of {self.tokenizer.name_or_path} cannot render the "
+                f"conversation of problem {problem.id!r} ({type(err).__name__}: {err}). Use a "
+                "model whose template writes what the conversation holds (tool calls and tool "
+                "messages: Qwen2.5, Qwen3), or give the prompt without it."
+            ) from None
 
 
 def prompt_renderer(cfg: Config, tokenizer) -> PromptRenderer:

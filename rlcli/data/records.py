@@ -1,11 +1,13 @@
 """Record datasets: the records of a local file, a saved folder or a hub split
 (`rlcli.data.files`) turned into `Problem`s (`record_splits`), with the dotted field paths and
 answer formats (`rlcli.data.answers`) each conf/data/*.yaml configures. A prompt field that
-holds chat messages (TRL's conversational format) keeps the whole conversation.
+holds chat messages (TRL's conversational format) keeps the whole conversation: every field a
+chat template reads, checked here so that one it cannot render is refused before a model loads.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,7 +15,9 @@ from dataclasses import dataclass
 from rlcli.config import ConfigError, DataConfig
 from rlcli.data.answers import ANSWER_FORMATS
 from rlcli.data.files import load_hub, read_file
-from rlcli.data.problems import Problem
+from rlcli.data.problems import Problem, content_text, with_text
+
+ROLES = ("system", "user", "assistant", "tool")  # the roles chat templates render
 
 
 def _rows(table) -> Iterator[dict]:
@@ -38,14 +42,28 @@ class _MissingField(KeyError):
         self.fields = fields
 
 
+class _NullField(KeyError):
+    """A dotted field path that reaches a null value; `at` is the path up to it."""
+
+    def __init__(self, at: str):
+        super().__init__(at)
+        self.at = at
+
+
 def field_value(record: dict, path: str):
     """`record[path]`, where a dotted path walks into nested records ("reward_model.ground_
-    truth") and a number indexes a list ("prompt.0.content"). Raises _MissingField."""
-    if record.get(path) is not None:  # a top-level name that itself holds a dot
+    truth") and a number indexes a list ("prompt.0.content"). Raises _MissingField for a
+    field the record lacks, _NullField for one that holds null (a columnar reader gives a row
+    without a field that other rows have a null there, so the two cannot be told apart)."""
+    if path in record:  # a top-level name, which may itself hold a dot
+        if record[path] is None:
+            raise _NullField(path)
         return record[path]
     value, prefix = record, ""
     for part in path.split("."):
-        if isinstance(value, dict) and value.get(part) is not None:
+        if isinstance(value, dict) and part in value:
+            if value[part] is None:
+                raise _NullField(f"{prefix}{part}")
             value, prefix = value[part], f"{prefix}{part}."
         elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
             value, prefix = value[int(part)], f"{prefix}{part}."
@@ -75,7 +93,7 @@ def _hub_source(cfg: DataConfig, hub_split: str, split: str) -> _Source:
 
 def field_or_error(record: dict, key: str, cfg: DataConfig, where: str):
     """The record's value at the path `cfg.<key>` names; `where` ("row 3 of data.path=x")
-    names the record in the ConfigError raised when it has no such field."""
+    names the record in the ConfigError raised when it has no such field, or it is null."""
     path = getattr(cfg, key)
     try:
         return field_value(record, path)
@@ -84,27 +102,141 @@ def field_or_error(record: dict, key: str, cfg: DataConfig, where: str):
             f"There is no field {path!r} in {where} (fields present: {err.fields}); set "
             f"data.{key} to the field that holds it (a dotted path for nested fields)."
         ) from None
+    except _NullField as err:
+        inside = "" if err.at == path else f"{err.at!r} of "
+        raise ConfigError(
+            f"The field {inside}{path!r} (data.{key}) is null in {where} (fields present: "
+            f"{_present(record)}); a row without the field, where other rows have it, reads as "
+            "null too. Give every record a value there, or drop the records without one."
+        ) from None
+
+
+def _kind(value) -> str:
+    """A value's type as a JSON file writes it, and the value, for error messages."""
+    if value is None:
+        return "null"
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    kind = kinds.get(type(value), "a number" if isinstance(value, int | float) else "a value")
+    shown = json.dumps(value, default=str, ensure_ascii=False)
+    return f"{kind} ({shown if len(shown) <= 60 else shown[:57] + '...'})"
+
+
+# --- chat messages: what a chat template reads, checked before any model loads --------------
+
+
+def chat_messages(value: list, field: str, where: str) -> list[dict]:
+    """A list of chat messages (`field`: the data field that holds it, "prompt"), each kept
+    whole; a ConfigError naming the row, the field and the valid choices for anything a chat
+    template cannot render."""
+    return [_message(item, f"{field}.{i}", where) for i, item in enumerate(value)]
+
+
+def _message(item, at: str, where: str) -> dict:
+    """One chat message, every field kept: role, content, and an assistant's tool_calls or a
+    tool message's name and tool_call_id as the template reads them. A field that is null is
+    dropped (a columnar reader fills a field some messages lack with null), but content."""
+    if not isinstance(item, dict):
+        raise ConfigError(
+            f"In {where}, {at} is {_kind(item)}, not a chat message; give each message as an "
+            'object: {"role": "user", "content": "..."}.'
+        )
+    message = {k: v for k, v in item.items() if v is not None or k == "content"}
+    if message.get("role") not in ROLES:
+        role = _kind(message["role"]) if "role" in message else "missing"
+        raise ConfigError(
+            f"In {where}, {at}.role is {role}, which is not a chat role: the valid roles are "
+            f"{', '.join(ROLES)}."
+        )
+    for key in ("name", "tool_call_id"):
+        if key in message and not isinstance(message[key], str):
+            raise ConfigError(
+                f"In {where}, {at}.{key} is {_kind(message[key])}; a message's {key} is text."
+            )
+    if "tool_calls" in message:
+        _check_tool_calls(message, f"{at}.tool_calls", where)
+    _check_content(message, f"{at}.content", where)
+    return message
+
+
+def _check_tool_calls(message: dict, at: str, where: str) -> None:
+    calls = message["tool_calls"]
+    if message["role"] != "assistant":
+        raise ConfigError(
+            f"In {where}, {at} is on a {message['role']} message; only an assistant message "
+            "makes tool calls (the tool's reply is a message of role tool)."
+        )
+    if not isinstance(calls, list) or not all(isinstance(call, dict) for call in calls):
+        raise ConfigError(
+            f"In {where}, {at} is {_kind(calls)}; tool_calls is a list of calls, each an "
+            'object: [{"type": "function", "function": {"name": ..., "arguments": {...}}}].'
+        )
+
+
+def _check_content(message: dict, at: str, where: str) -> None:
+    content = message.get("content")
+    if content is None:
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            return  # a turn of calls alone: OpenAI's form, which templates render
+        state = "null" if "content" in message else "missing"
+        raise ConfigError(
+            f"In {where}, {at} is {state}; only an assistant message with tool_calls may have "
+            "no content: give the message its text, or a list of text parts."
+        )
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise ConfigError(
+            f"In {where}, {at} is {_kind(content)}; a message's content is text, or a list of "
+            'text parts: [{"type": "text", "text": "..."}].'
+        )
+    for i, part in enumerate(content):
+        _check_part(part, f"{at}.{i}", where)
+
+
+def _check_part(part, at: str, where: str) -> None:
+    if not isinstance(part, dict):
+        raise ConfigError(
+            f"In {where}, {at} is {_kind(part)}; a content part is an object: "
+            '{"type": "text", "text": "..."}.'
+        )
+    if part.get("type") != "text":
+        raise ConfigError(
+            f"In {where}, {at}.type is {_kind(part.get('type'))}: the only valid content part "
+            'is {"type": "text", "text": "..."}, as rlcli trains language models on text (an '
+            "image or audio part would be lost); drop the part or give its text."
+        )
+    if not isinstance(part.get("text"), str):
+        raise ConfigError(f"In {where}, {at}.text is {_kind(part.get('text'))}, not text.")
+
+
+def _check_final(message: dict, at: str, where: str) -> None:
+    """A conversation that ends with an assistant message is continued from its text (TRL's
+    continue_final_message), so that text must be there."""
+    if message["role"] == "assistant" and (
+        message.get("tool_calls") or not content_text(message["content"]).strip()
+    ):
+        raise ConfigError(
+            f"In {where}, the conversation ends with an assistant message ({at}) that holds "
+            "no text to continue (tool calls, or empty content). End it with the user or tool "
+            "message the model replies to, or an assistant message whose text the model goes "
+            "on with."
+        )
 
 
 def _conversation(value: list, instruction: str, where: str, cfg: DataConfig) -> tuple[dict, ...]:
-    """A prompt field's chat messages, `instruction` added to the last user message; a
-    ConfigError naming the record when it has no user message or an item is not
-    {"role": ..., "content": ...}."""
-    if not any(isinstance(m, dict) and m.get("role") == "user" for m in value):
+    """A prompt field's chat messages, whole, with `instruction` added to the last user
+    message; a ConfigError naming the record when one cannot be rendered or there is no user
+    message."""
+    messages = chat_messages(value, cfg.prompt_field, where)
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not users:
         raise ConfigError(
             f"In {where}, data.prompt_field={cfg.prompt_field} is a list with no user "
             "message; set data.prompt_field to the prompt text or messages."
         )
-    messages = [m for m in value if isinstance(m, dict) and "role" in m and "content" in m]
-    if len(messages) != len(value):
-        raise ConfigError(
-            f"In {where}, data.prompt_field={cfg.prompt_field} is a list whose items are not all "
-            'chat messages ({"role": ..., "content": ...}); give the prompt as text or as such '
-            "messages."
-        )
-    messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
-    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    messages[last]["content"] = f"{messages[last]['content']} {instruction}".strip()
+    _check_final(messages[-1], f"{cfg.prompt_field}.{len(messages) - 1}", where)
+    last = messages[users[-1]]
+    messages[users[-1]] = {**last, "content": with_text(last["content"], instruction, " ")}
     return tuple(messages)
 
 
@@ -127,17 +259,33 @@ def _prompt(record: dict, cfg: DataConfig, where: str) -> tuple[str, tuple[dict,
             ) from None
         return f"{text} {cfg.instruction}".strip(), None
     value = field_or_error(record, "prompt_field", cfg, where)
-    if not isinstance(value, list):
+    if isinstance(value, str):
         return f"{value} {cfg.instruction}".strip(), None
+    if not isinstance(value, list):
+        raise ConfigError(
+            f"In {where}, data.prompt_field={cfg.prompt_field} is {_kind(value)}, not a prompt: "
+            "a prompt is text or a list of chat messages; point data.prompt_field at the field "
+            "that holds it (a dotted path reaches into a nested record), or give data.template."
+        )
     conversation = _conversation(value, cfg.instruction, where, cfg)
-    question = next(m["content"] for m in reversed(conversation) if m["role"] == "user")
-    return question, conversation
+    last_user = next(m for m in reversed(conversation) if m["role"] == "user")
+    return content_text(last_user["content"]), conversation
 
 
 def _answer(record: dict, cfg: DataConfig, where: str) -> str:
     if cfg.answer_field is None:  # prompt-only data: a reward that needs no answer
         return ""
-    raw = str(field_or_error(record, "answer_field", cfg, where))
+    value = field_or_error(record, "answer_field", cfg, where)
+    # A number is an answer as JSON datasets often write it (GSM8K's as 18); a boolean, an
+    # object or a list would only be trained on as its Python text.
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ConfigError(
+            f"In {where}, data.answer_field={cfg.answer_field} is {_kind(value)}, not an "
+            "answer: an answer is text or a number; point data.answer_field at the field that "
+            "holds it (a dotted path reaches into a nested record, e.g. "
+            "reward_model.ground_truth)."
+        )
+    raw = str(value)
     answer = ANSWER_FORMATS[cfg.answer_format](raw)
     if answer is None:
         raise ConfigError(
@@ -155,9 +303,8 @@ def problem_from_record(record: dict, item_id: str, cfg: DataConfig, where: str)
 
 def prompt_key(problem: Problem):
     """What makes two problems the same prompt for data.dedupe: the text, and the whole
-    conversation where there is one (as pairs: a set holds no dicts)."""
-    turns = tuple((m["role"], m["content"]) for m in problem.conversation or ())
-    return problem.question, turns
+    conversation where there is one (as JSON: a set holds no dicts or lists)."""
+    return problem.question, json.dumps(problem.conversation, sort_keys=True, default=str)
 
 
 def _items(source: _Source, cfg: DataConfig, to_item, key) -> list:

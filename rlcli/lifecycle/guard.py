@@ -21,6 +21,27 @@ EXIT_BAD_STEPS = 3
 EXIT_WORKER_LOST = 4
 
 
+def ctrl_c_stops() -> None:
+    """Make SIGINT raise KeyboardInterrupt in this process, whatever it inherited. A job that a
+    script starts in the background (`rlcli train ... &`) inherits SIGINT ignored, and Python
+    then leaves it so: a Ctrl-C or `kill -INT` during model loading or a worker's start did
+    nothing, while one in the loop (whose guard sets its own handler) stopped the run."""
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread (an embedding program's): its signals, its call
+        pass
+
+
+def interruptible(command, argv: list[str]) -> None:
+    """`command(argv)`, with a Ctrl-C before the job's own handler is up (Hydra composing the
+    config, writing the run directory) ending as one line and exit 130, not a traceback."""
+    try:
+        command(argv)
+    except KeyboardInterrupt:
+        print("\nrlcli: interrupted before the run started; nothing was saved.", file=sys.stderr)
+        sys.exit(EXIT_CODES[signal.SIGINT])
+
+
 class RunStopped(Exception):
     """A run ended early on purpose; `str(self)` says why and how to go on."""
 
@@ -95,10 +116,15 @@ class LoopGuard:
                 f"rlcli: warning: step {step} had a non-finite loss ({loss}) or gradient norm "
                 f"({norm}); skipped {int(skipped)} optimiser update(s), the weights are "
                 f"unchanged ({self.bad_in_a_row} such step(s) in a row, trainer.max_bad_steps="
-                f"{self.max_bad_steps})."
+                f"{self.max_bad_steps})." + self._suspect_hint()
             )
         else:
             self.bad_in_a_row = 0
+
+    def _suspect_hint(self) -> str:
+        if not self.suspects:
+            return ""
+        return f" Check your own {' and '.join(self.suspects)} first: what does it return here?"
 
     @property
     def stopping(self) -> bool:

@@ -12,6 +12,12 @@
   how often to save and evaluate, logging, memory and engine knobs) simply apply.
 - `record_config`: `config.yaml` is the config in force, followed by the directory's history
   (each start and resume, with what changed) as comments, carried over from the previous file.
+- `discard_unused`: a command whose config fails validation leaves no directory behind. Hydra
+  makes the run directory before the job validates its config; the directories this command
+  made (`note_new_dirs`, before Hydra or the lock makes them) are removed again when the job
+  stops at a config error, as long as they hold nothing but what a start writes (Hydra's
+  files, the job log, rlcli's marker and config.yaml). A directory that existed before, or
+  holds anything else (checkpoints, metrics, a user's file), is never removed.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import datetime
 import fcntl
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from rlcli.config import Config, ConfigError
@@ -222,3 +230,88 @@ def record_config(run_dir: Path, cfg: Config, event: str) -> None:
     (Path(run_dir) / MARKER).touch()
     body = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     path.write_text(body + "\n" + HISTORY + "\n" + "\n".join(history) + "\n")
+
+
+# What a start writes in its run directory before the job gets going, besides Hydra's own
+# `hydra_files` (its output subdir and the job log): rlcli's marker and config.yaml.
+START_FILES = (MARKER, "config.yaml")
+# What Hydra writes in its output subdir (.hydra/), and beside a sweep's jobs.
+HYDRA_SAVED = ("config.yaml", "hydra.yaml", "overrides.yaml")
+SWEEP_FILES = ("multirun.yaml",)
+
+_new_dirs: set[Path] = set()  # directories this command noted missing before they were made
+
+
+def note_new_dirs(path: Path | str) -> None:
+    """Note `path` and each parent of it that does not exist yet: this command is about to make
+    them, so `discard_unused` may remove them again. No ~ is expanded: Hydra expands none."""
+    path = Path(path).resolve()
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return
+        _new_dirs.add(folder)
+
+
+def forget_new_dirs() -> None:
+    """A new command: what an earlier one in this process made is not its own."""
+    _new_dirs.clear()
+
+
+class NoteNewRunDir(Callback):
+    """Hydra callback: notes the run directory (a sweep's directory under -m) as new when it does
+    not exist yet, before Hydra makes it; `hydra.run.dir`'s ${now:...} resolves to the same
+    time here as when Hydra makes it (Hydra caches it for the command)."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        note_new_dirs(config.hydra.run.dir)
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        note_new_dirs(config.hydra.sweep.dir)
+
+
+def _made_here(run_dir: Path) -> bool:
+    return any(folder in _new_dirs for folder in (run_dir, *run_dir.parents))
+
+
+def _holds_only_start_files(run_dir: Path, hydra_files: tuple[str, ...]) -> bool:
+    """Whether `run_dir` holds nothing but what a start writes: Hydra's `hydra_files` (its
+    output subdir, holding only Hydra's files, and the job log) and rlcli's START_FILES."""
+    subdir = hydra_files[0]
+    for entry in run_dir.iterdir():
+        if entry.name not in (*hydra_files, *START_FILES) or entry.is_symlink():
+            return False
+        if entry.is_dir() != (entry.name == subdir):
+            return False
+    saved = run_dir / subdir
+    return not saved.is_dir() or _holds_only(saved, HYDRA_SAVED)
+
+
+def _holds_only(folder: Path, names: tuple[str, ...]) -> bool:
+    """Whether each entry of `folder` is a plain file named in `names` (none: it is empty)."""
+    return all(e.name in names and e.is_file() and not e.is_symlink() for e in folder.iterdir())
+
+
+def discard_unused(run_dir: Path, hydra_files: tuple[str, ...]) -> bool:
+    """Remove `run_dir`, which a job that stopped at a config error started in, when this command
+    made it (`note_new_dirs`) and it holds nothing but what a start writes; then each parent
+    this command made that is left empty (a sweep's directory: holding only Hydra's
+    multirun.yaml). Held (`claim`) while it is checked and removed, so a run that took it
+    meanwhile keeps it. Returns whether it was removed; a failure to remove leaves it as it is,
+    as the config error is what the user must see."""
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir() or not _made_here(run_dir):
+        return False
+    try:
+        with claim(run_dir, "rlcli (removing a run directory whose config failed)", hydra_files):
+            if not _holds_only_start_files(run_dir, hydra_files):
+                return False
+            shutil.rmtree(run_dir)
+        for parent in run_dir.parents:
+            if parent not in _new_dirs or not _holds_only(parent, SWEEP_FILES):
+                break
+            for name in SWEEP_FILES:
+                (parent / name).unlink(missing_ok=True)
+            parent.rmdir()  # fails, leaving it, if anything appeared there meanwhile
+    except (ConfigError, OSError):  # another run holds it, or the disk refused
+        return False
+    return True

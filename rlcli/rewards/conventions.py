@@ -4,7 +4,9 @@
 - TRL's (`GRPOTrainer(reward_funcs=...)`): `fn(prompts, completions, **kwargs)`, prompts and
   completions in the dataset's format, as TRL gives them: text, or for conversational data
   (a prompt of chat messages) the prompt's messages and each completion as
-  `[{"role": "assistant", "content": text}]`; with `completion_ids` (each response's token ids)
+  `[{"role": "assistant", "content": text}]` (a prompt that ends with an assistant message,
+  which the model continued, gives that message up: its text starts the completion, as in TRL);
+  with `completion_ids` (each response's token ids)
   and `trainer_state` (`global_step`, `max_steps`), given to a function that names them or
   takes **kwargs.
 
@@ -105,16 +107,15 @@ def call_keywords(
     fields = [k for k in dict.fromkeys(k for r in records for k in r) if k not in OFFERED]
     wanted = [*plan.named, *(plan.base + tuple(fields) if plan.any_keyword else ())]
     conversations = conversations or [None] * len(responses)
-    trl = "completions" in plan.base  # its prompts and completions in the dataset's format
+    trl = [
+        trl_prompt_and_completion(p, r, c)
+        for p, r, c in zip(prompts, responses, conversations, strict=True)
+    ]
     offered = {
-        "prompts": [c or p for p, c in zip(prompts, conversations, strict=True)]
-        if trl
-        else prompts,
+        # TRL's convention: its prompts and completions in the dataset's format
+        "prompts": [p for p, _ in trl] if "completions" in plan.base else prompts,
         "responses": responses,
-        "completions": [
-            r if c is None else [{"role": "assistant", "content": r}]
-            for r, c in zip(responses, conversations, strict=True)
-        ],
+        "completions": [c for _, c in trl],
         "answers": answers,
         "trainer_state": trainer_state or {},
     }
@@ -127,6 +128,20 @@ def call_keywords(
         elif key in fields:
             out[key] = [r.get(key) for r in records]
     return out
+
+
+def trl_prompt_and_completion(prompt: str, response: str, conversation: Sequence[dict] | None):
+    """(prompt, completion) as TRL gives them to a reward function: text for a text prompt;
+    for a conversation, its messages and the response as an assistant message. A conversation
+    that ends with an assistant message, which the model continued, gives that message up and
+    its text starts the completion (TRL's "bootstrap")."""
+    if conversation is None:
+        return prompt, response
+    messages, start = list(conversation), ""
+    if messages[-1]["role"] == "assistant":
+        content = messages.pop()["content"]
+        start = content if isinstance(content, str) else "".join(p["text"] for p in content)
+    return messages, [{"role": "assistant", "content": start + response}]
 
 
 def _short(value) -> str:
@@ -163,14 +178,18 @@ def as_score(value) -> float:
 
 def read_scores(out, n: int) -> dict:
     """What a call returned over `n` responses, as the worker's reply: {"scores": [float or
-    None], "invalid": [[i, why], ...]}, or {"error": why} for the whole call. A list, tuple,
+    None], "invalid": [[i, why], ...]}, or {"error": why} for the whole call (with
+    "miscounted": true when it returned a score count other than `n`). A list, tuple,
     array or generator of one score per response is read in order; a string, a mapping or a
     set is refused: a set has no order to match its scores to the responses."""
     if isinstance(out, (str, bytes, Mapping, Set)):
         return {"error": f"returned a {type(out).__name__}, not a list of scores"}
     out = list(out)
     if len(out) != n:
-        return {"error": f"returned {len(out)} scores for {n} responses"}
+        # Not retried response by response: one score per prompt, say, would then "work" and
+        # silently change what a batch-wise reward computes.
+        why = f"returned {len(out)} scores for {n} responses (one score per response is needed)"
+        return {"error": why, "miscounted": True}
     scores, invalid = [], []
     for i, value in enumerate(out):
         try:

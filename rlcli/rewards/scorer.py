@@ -275,7 +275,8 @@ class Scorer:
         half of it (all of it for one sample); if it fails or runs past that (an exception,
         the worker's death, a hang), each sample is called alone to find which failed, with
         min(timeout_s, what is left), so a sample that hangs costs its timeout_s and the
-        others are still scored; samples left when the time is spent are timeouts.
+        others are still scored; samples left when the time is spent are timeouts. A call
+        that returns a score count other than B is not retried: every sample is unscored.
         Restarting a worker that died or was killed is part of the time spent."""
         worker, n = self.workers[name], len(samples)
         timeout = self.cfg.timeout_s or math.inf  # 0: no limit
@@ -285,6 +286,9 @@ class Scorer:
         if first.error is None:
             errors.extend(f"{name}: {why}" for why in first.invalid.values())
             return torch.tensor(first.scores)
+        if first.miscounted:  # every sample unscored, saying why; retrying one by one hides it
+            errors.extend([f"{name}: {first.error}"] * n)
+            return torch.full((n,), math.nan)
         if n == 1:
             late = f"RewardTimeout: took longer than reward.timeout_s={timeout:g} s"
             errors.append(f"{name}: {late if first.timed_out else first.error}")

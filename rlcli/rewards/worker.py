@@ -200,6 +200,8 @@ class Outcome:
     invalid: dict[int, str] = field(default_factory=dict)  # sample -> why its value is no score
     error: str | None = None
     timed_out: bool = False
+    # It returned, but not one score per sample: no sample is retried alone (see read_scores).
+    miscounted: bool = False
     seconds: float = 0.0  # the call's time, and its worker's restart if it needed one
 
 
@@ -240,7 +242,7 @@ class FunctionWorker:
             outcome = Outcome(error=str(err))
         else:
             if "error" in reply:
-                outcome = Outcome(error=reply["error"])
+                outcome = Outcome(error=reply["error"], miscounted=reply.get("miscounted", False))
             else:
                 scores = [math.nan if s is None else float(s) for s in reply["scores"]]
                 outcome = Outcome(scores, {int(i): why for i, why in reply["invalid"]})

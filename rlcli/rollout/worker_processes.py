@@ -243,9 +243,12 @@ class LocalWorkers:
         for proc in self.processes:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)  # the server and its engine process
+        # A server still starting ends on SIGTERM only once its engine is up (half a minute
+        # on a CPU): a Ctrl-C then waits END_GRACE_S, not for the start it interrupted.
+        deadline = time.monotonic() + END_GRACE_S
         for proc in self.processes:
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
 

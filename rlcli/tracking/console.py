@@ -88,11 +88,21 @@ def job_log(path: Path):
         log.close()
 
 
+class JobLogOnly(list):
+    """A library logger's handlers while a job runs: the job log's, and no other. A library
+    that adds its own console handler when it is first imported would otherwise print its
+    records on the console mid-job: `datasets` does (rlcli imports it only once a job reads a
+    data file), and then a damaged file's error reached the console before rlcli's message."""
+
+    def append(self, handler: logging.Handler) -> None:  # what Logger.addHandler calls
+        pass
+
+
 def _route(logger: logging.Logger, handler: logging.Handler) -> tuple[list, bool]:
     """Send `logger`'s records to `handler` alone (at the levels they already have: raising
     them would wake torch's own per-module handlers); returns what to restore."""
     before = (logger.handlers[:], logger.propagate)
-    logger.handlers, logger.propagate = [handler], False
+    logger.handlers, logger.propagate = JobLogOnly([handler]), False
     return before
 
 

@@ -23,7 +23,7 @@ from torch import Tensor
 from rlcli.config import Config
 from rlcli.data import load_splits
 from rlcli.data.pairs import Pair
-from rlcli.data.problems import PromptStream
+from rlcli.data.problems import PromptStream, content_text, render_messages
 from rlcli.lifecycle.checkpoint import (
     apply_optimizer_settings,
     load_checkpoint,
@@ -57,12 +57,10 @@ def encode_pairs(tokenizer, pairs: list[Pair], max_length: int, device) -> Rollo
     prompts, replies = [], []
     for reply_of in ("chosen", "rejected"):
         for pair in pairs:
-            if tokenizer.chat_template:
-                text = tokenizer.apply_chat_template(
-                    pair.prompt, tokenize=False, add_generation_prompt=True
-                )
+            if tokenizer.chat_template:  # the messages whole: tool calls, content parts
+                text = render_messages(tokenizer, list(pair.prompt))
             else:
-                text = "\n".join(m["content"] for m in pair.prompt) + "\n"
+                text = "\n".join(content_text(m.get("content")) for m in pair.prompt) + "\n"
             prompt = tokenizer(text, add_special_tokens=False).input_ids[-(max_length // 2) :]
             reply = tokenizer(getattr(pair, reply_of), add_special_tokens=False).input_ids
             reply = [*reply, tokenizer.eos_token_id][: max_length - len(prompt)]
