@@ -123,6 +123,11 @@ def test_unknown_key_is_rejected():
         compose(["+trainer.nonsense=1"])
 
 
+def sampler_and_trainer(overrides: list[str]):
+    cfg = compose(overrides)
+    return cfg.sampler, cfg.trainer
+
+
 def test_old_logp_auto_corrects_the_mismatch_only_where_compute_is_bfloat16():
     import torch
 
@@ -130,13 +135,13 @@ def test_old_logp_auto_corrects_the_mismatch_only_where_compute_is_bfloat16():
     from rlcli.runtime.models import has_fast_bf16
 
     bf16_here = has_fast_bf16(torch.device("cpu"))
-    assert resolved_old_logp(compose([])) == ("sampler" if bf16_here else "learner")
-    assert resolved_old_logp(compose(["trainer.bf16_autocast=false"])) == "learner"
-    assert resolved_old_logp(compose(["sampler=hf"])) == "learner"
-    assert resolved_old_logp(compose(["sampler.old_logp=learner"])) == "learner"
+    assert resolved_old_logp(*sampler_and_trainer([])) == ("sampler" if bf16_here else "learner")
+    assert resolved_old_logp(*sampler_and_trainer(["trainer.bf16_autocast=false"])) == "learner"
+    assert resolved_old_logp(*sampler_and_trainer(["sampler=hf"])) == "learner"
+    assert resolved_old_logp(*sampler_and_trainer(["sampler.old_logp=learner"])) == "learner"
     # Sampling ahead, the batch is updates old: the sampler is its behaviour policy.
     ahead = ["sampler.workers=1", "sampler.max_staleness=2", "sampler.old_logp=learner"]
-    assert resolved_old_logp(compose(ahead)) == "sampler"
+    assert resolved_old_logp(*sampler_and_trainer(ahead)) == "sampler"
 
 
 def test_validate_leaves_the_config_as_written():

@@ -120,7 +120,7 @@ def test_a_tool_conversation_survives_file_template_samples_and_eval_unchanged(
     row = int(problem.id.rsplit("-", 1)[1])
     assert list(problem.conversation) == records[row]["prompt"]
     tokenizer = load_tokenizer(str(tool_model))
-    rendered = prompt_renderer(cfg, tokenizer).prompt(problem)
+    rendered = prompt_renderer(cfg.data, cfg.env, tokenizer).prompt(problem)
     own = tokenizer.apply_chat_template(
         records[row]["prompt"], add_generation_prompt=True, tokenize=False
     )
@@ -155,7 +155,7 @@ def test_a_tool_conversation_survives_file_template_samples_and_eval_unchanged(
 
 def rendered(tiny_model_dir, problem: Problem) -> str:
     cfg = compose(["model=tiny", "sampler=hf"])
-    return prompt_renderer(cfg, load_tokenizer(tiny_model_dir)).prompt(problem)
+    return prompt_renderer(cfg.data, cfg.env, load_tokenizer(tiny_model_dir)).prompt(problem)
 
 
 def test_content_as_text_parts_is_kept_and_rendered_as_its_text(tmp_path, tiny_model_dir):

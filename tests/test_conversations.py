@@ -66,7 +66,7 @@ def test_dedupe_tells_conversations_apart_by_more_than_their_last_turn(tmp_path)
 
 def rendered(tiny_model_dir, problem: Problem, *overrides: str) -> str:
     cfg = compose(["model=tiny", "sampler=hf", *overrides])
-    return prompt_renderer(cfg, load_tokenizer(tiny_model_dir)).prompt(problem)
+    return prompt_renderer(cfg.data, cfg.env, load_tokenizer(tiny_model_dir)).prompt(problem)
 
 
 def test_the_prompt_rendered_holds_the_system_message_and_earlier_turns(tiny_model_dir):

@@ -31,8 +31,8 @@ def rlcli_train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 def test_an_empty_held_out_split_fits_as_it_is(tiny_model_dir):
     cfg = compose(["model=tiny", "sampler=hf"])
-    render = prompt_renderer(cfg, load_tokenizer(tiny_model_dir))
-    assert fit_prompts(cfg, render, [], "held-out") == []
+    render = prompt_renderer(cfg.data, cfg.env, load_tokenizer(tiny_model_dir))
+    assert fit_prompts(cfg.sampler, cfg.data.name, render, [], "held-out") == []
 
 
 def test_reading_a_file_draws_no_progress_bar(tmp_path, capfd):

@@ -520,9 +520,9 @@ def test_pairs_refuse_episodes_before_loading_anything(tmp_path):
 def test_env_none_leaves_the_prompt_and_the_sampler_as_they_were():
     from rlcli.env import system_prompt
 
-    assert system_prompt(compose([])) is None
+    assert system_prompt(None, compose([]).env) is None
     cfg = compose(["env=calculator", "data.system_prompt=Be brief."])
-    text = system_prompt(cfg)
+    text = system_prompt(cfg.data.system_prompt, cfg.env)
     assert text.startswith("Be brief.\n\nYou can use tools.") and "- calculator: evaluates" in text
 
 
@@ -559,7 +559,8 @@ def test_smollm2_calls_the_calculator_in_a_two_step_grpo_run_on_vllm():
         ["recipe=demo/grpo_calculator", "sampler.temperature=0.3", "trainer.group_size=4"]
     )
     run = setup(cfg)
-    batch, scores, _ = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch = collected.rollout
     calls = batch.tool_calls
     assert calls.sum() > 0, batch.texts
     tool_tokens = batch.attention_mask[:, batch.prompt_width :] - batch.response_mask

@@ -87,14 +87,16 @@ def test_rlcli_eval_of_a_run_directory_writes_accuracy_and_pass_at_k(tmp_path):
 def test_evaluation_is_greedy_and_leaves_the_training_samples_alone():
     overrides = ["model=tiny", "reward=space_rate", "sampler.max_new_tokens=12"]
     plain = setup(compose([*overrides, "trainer.prompts_per_step=2"]))
-    expected, _, _ = plain.collector.next_batch()
+    collected = plain.collector.next_batch()
+    expected = collected.rollout
 
     run = setup(compose([*overrides, "trainer.prompts_per_step=2", "eval.k=2"]))
     _, test = load_splits(run.cfg.data)
     first = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, seed=1)
     again = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, seed=1)
     assert first == again  # the same seed: greedy and sampled replies repeat
-    batch, _, _ = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch = collected.rollout
     assert batch.texts == expected.texts  # evaluating did not move the training stream
 
 

@@ -259,7 +259,8 @@ def test_training_on_an_outcome_reward_model(model_dirs):
 
     path = model_dirs["orm", 1]
     run = tiny_run("reward=reward_model", f"reward.model_path={path}")
-    batch, scores, metrics = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch, scores, metrics = collected.rollout, collected.scores, collected.metrics
     # The rewards are the ORM's scores of the sampled responses.
     expected = _orm(model_dirs).score([s.question for s in _questions(run, batch)], batch.texts)
     assert scores.tolist() == pytest.approx(expected, abs=1e-4)
@@ -284,7 +285,8 @@ def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
         f"reward.step_tag='{TAG}'",
         "reward.step_separator=' '",  # the random policy writes no newlines, but spaces
     )
-    batch, scores, _ = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch, scores = collected.rollout, collected.scores
     ends = ~batch.step_rewards.isnan()
     assert ends.sum() > len(batch.texts)  # several steps per response on average
     assert not (ends & ~batch.response_mask.bool()).any()

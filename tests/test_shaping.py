@@ -68,7 +68,8 @@ def test_dynamic_sampling_stops_with_a_clear_message():
 
 def test_dynamic_sampling_keeps_only_informative_groups():
     run = tiny_run("algo=dapo", "reward=space_rate", "sampler.max_new_tokens=16")
-    batch, scores, metrics = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch, scores, metrics = collected.rollout, collected.scores, collected.metrics
     assert len(batch.texts) == 16 and metrics["batch/gen_batches"] >= 1
     assert informative_groups(scores.view(4, 4)).all()
 
@@ -87,7 +88,8 @@ def test_dynamic_sampling_filters_on_correctness_not_on_the_total():
     with pytest.raises(ConfigError, match="whose correctness .* differs"):
         run.collector.next_batch()
     run = tiny_run("algo=dapo", "algo.filter_metric=total", *both)
-    batch, scores, metrics = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch, metrics = collected.rollout, collected.metrics
     assert len(batch.texts) == 16 and metrics["batch/gen_batches"] == 1
 
 
@@ -116,7 +118,8 @@ def test_dupo_fill_replaces_all_equal_groups():
         "trainer.prompts_per_step=8",
         "sampler.max_new_tokens=8",
     )
-    batch, scores, metrics = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch, scores, metrics = collected.rollout, collected.scores, collected.metrics
     equal = round(metrics["batch/groups_all_equal"] * 8)
     assert 0 < equal < 8, "the fixture should mix constant and informative groups"
     assert metrics["batch/duplicated_groups"] == equal

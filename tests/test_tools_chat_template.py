@@ -127,7 +127,8 @@ def test_a_short_real_episode_run_in_the_templates_format(tiny_model_dir, tmp_pa
     ])  # fmt: skip
     run = setup(cfg)
     assert run.sampler.calls == TemplateCalls("<tool_call>", "</tool_call>")
-    batch, _, _ = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch = collected.rollout
     prompt = run.tokenizer.decode(batch.input_ids[0, : batch.prompt_width])
     assert '"name": "calculator"' in prompt and "<tools>" in prompt
     assert "<tool>NAME</tool>" not in prompt  # rlcli's instructions are not added

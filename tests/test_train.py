@@ -134,7 +134,8 @@ def test_a_reward_failing_on_some_samples_does_not_stop_the_run(tiny_overrides):
     run = setup(
         compose([*tiny_overrides, "reward=python", "reward.function=test_train:flaky_space_rate"])
     )
-    batch, scores, metrics = run.collector.next_batch()
+    collected = run.collector.next_batch()
+    batch, scores, metrics = collected.rollout, collected.scores, collected.metrics
     failing = [len(t) % 3 == 0 for t in batch.texts]
     assert 0 < sum(failing) < len(failing)
     assert scores.isnan().tolist() == failing  # exactly those samples are missing

@@ -31,7 +31,7 @@ from rlcli.rollout.worker_processes import worker_gpus
 from rlcli.rollout.workers import WorkerSampler
 from rlcli.train.forward import batch_logprobs
 from rlcli.train.run import setup
-from rlcli.train.step import train_step
+from rlcli.train.step import step, train_step
 from rlcli.validate import compose
 
 FLOAT32 = ["trainer.bf16_autocast=false", "trainer.dtype=float32"]
@@ -176,7 +176,7 @@ def test_streamed_rollouts_stay_within_max_staleness_and_resume_without_gaps(
         assert abs(r["rollout/staleness_0"] + r["rollout/staleness_1"] - 1) < 1e-6
     # The ratio's base is the sampler's log-probs, weighted by truncated IS.
     streamed = [*tiny_overrides, *ONE_AHEAD]
-    assert resolved_old_logp(compose(streamed)) == "sampler"
+    assert resolved_old_logp((c := compose(streamed)).sampler, c.trainer) == "sampler"
     # samples.jsonl names the weight versions each response was sampled by.
     step_of = {}
     for s in samples_of(first):
@@ -439,8 +439,8 @@ def test_episodes_with_tools_run_turn_by_turn_on_a_rollout_worker(tiny_overrides
         assert isinstance(run.sampler, EpisodeSampler)
         assert isinstance(run.sampler.base, WorkerSampler)
         run.sampler.calls = RlcliCalls(stop="e")
-        with run.scorer.recording() as recorded:
-            metrics = train_step(run)
+        first = step(run)
+        metrics, recorded = first.metrics, first.samples
         run.step += 1
         # Steps 2 and 3's episodes were run on the worker while step 1 trained, and the pushes
         # reached them mid-episode or after: at most two updates old.

@@ -8,7 +8,8 @@ prompts until the batch is full; DUPO replaces zero-signal groups by duplicates 
 informative ones; ReMax's greedy baselines are sampled and scored beside them. It is handed
 the pieces it uses, not the whole config. With `sampler.max_staleness` >= 1 its rounds come
 from the ones the workers sample ahead (`collect.stream.RoundsAhead`), and each step says
-how old its tokens are (`staleness_metrics`).
+how old its tokens are (`staleness_metrics`). It hands on one `Collected`: the batch, its
+scores and metrics, and every response it scored.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rlcli.collect.stream import RoundsAhead
 from rlcli.config import ConfigError
 from rlcli.data.problems import Problem, PromptRenderer, PromptStream
 from rlcli.env.episode import episode_metrics
+from rlcli.rewards.scored import ScoredSample, scored_samples
 from rlcli.rewards.scorer import Sample, Scores
 from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
 from rlcli.rollout.samplers import Sampler
@@ -78,8 +80,20 @@ def staleness_metrics(batch: Rollout, version: int, max_staleness: int) -> dict[
     return metrics
 
 
+@dataclass(frozen=True)
+class Collected:
+    """What the collecting stage hands on: the batch to train on, its total rewards, the
+    reward's and the batch's metrics, and every response scored for it (under dynamic sampling
+    the dropped groups' too, and ReMax's greedy replies), for the table of samples."""
+
+    rollout: Rollout
+    scores: torch.Tensor  # [B]
+    metrics: dict[str, float]
+    samples: list[ScoredSample]
+
+
 class Collector:
-    """Each step's batch: `next_batch()` -> (rollout, scores [B], metrics)."""
+    """Each step's batch: `next_batch()` -> `Collected`."""
 
     def __init__(
         self,
@@ -107,6 +121,7 @@ class Collector:
             else None
         )
         self.reward_seconds = self.waited = 0.0
+        self.scored: list[ScoredSample] = []  # this step's, so far
 
     def _draw(self) -> list[Problem]:
         """This rank's share of the next problems of the stream (every rank draws them all)."""
@@ -116,6 +131,7 @@ class Collector:
         begin = time.perf_counter()  # reward time is reported apart from sampling time
         scores = self.scorer(samples)
         self.reward_seconds += time.perf_counter() - begin
+        self.scored += scored_samples(samples, scores)
         return scores
 
     def _sample(self, problems: list[Problem]) -> tuple[Rollout, Rollout | None]:
@@ -148,13 +164,13 @@ class Collector:
             return self.prompts.position, 0
         return oldest, len(self.ahead.queue)
 
-    def next_batch(self, steps_after: int = 0) -> tuple[Rollout, torch.Tensor, dict[str, float]]:
+    def next_batch(self, steps_after: int = 0) -> Collected:
         """The step's batch of P groups, shaped (DAPO: at most `max_gen_batches` rounds, then
         the groups found, and an error only if there are none), its scores and metrics.
         `steps_after`: the steps still to come after this one, which rounds sampled ahead are
         for."""
         P, G, shaping = self.P, self.G, self.shaping
-        self.reward_seconds = self.waited = 0.0
+        self.reward_seconds, self.waited, self.scored = 0.0, 0.0, []
         parts, kept_scores, rounds, sampled_groups, equal_groups = [], [], [], 0, 0
         episodes = []
         for _ in range(shaping.max_gen_batches if shaping.dynamic_sampling else 1):
@@ -198,7 +214,7 @@ class Collector:
             metrics["batch/duplicated_groups"] = float(sum(g != i for i, g in enumerate(slots)))
             rows = group_rows(slots, G)
             batch, scores = select_rows(batch, rows), scores[rows]
-        return batch, scores, metrics
+        return Collected(batch, scores, metrics, self.scored)
 
     def _whatever_was_found(self, parts, kept_scores) -> tuple[Rollout, torch.Tensor]:
         """Dynamic sampling's last round is done and the batch is not full: the groups found."""

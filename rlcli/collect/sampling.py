@@ -131,12 +131,12 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     if (unboxed := unboxed_warning(cfg.env)) is not None:
         print(unboxed, file=sys.stderr)
     device = pick_device(t.device)
-    scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
+    scorer = Scorer(cfg.reward, response_budget(cfg.sampler, cfg.env), device, t.dtype)
     scorer.check_records(problems, cfg.data.name)
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path, init_kwargs=cfg.model.init_kwargs)
-    render = prompt_renderer(cfg, tokenizer)
-    fit_prompts(cfg, render, problems, "")  # an error if any is too long
+    render = prompt_renderer(cfg.data, cfg.env, tokenizer)
+    fit_prompts(cfg.sampler, cfg.data.name, render, problems, "")  # an error if any is too long
     policy = load_causal_lm(
         model_path, t.dtype, device, trainable=False, init_kwargs=cfg.model.init_kwargs
     )

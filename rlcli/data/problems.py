@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlcli.config import Config, ConfigError
+from rlcli.config import ConfigError, DataConfig, EnvConfig, SamplerConfig
 from rlcli.env import prompt_tools, system_prompt, tool_instructions
 
 
@@ -198,12 +198,13 @@ class PromptRenderer:
             ) from None
 
 
-def prompt_renderer(cfg: Config, tokenizer) -> PromptRenderer:
+def prompt_renderer(data: DataConfig, env: EnvConfig, tokenizer) -> PromptRenderer:
     """The run's renderer: `data.system_prompt` with the tools' instructions, and the tools'
     schemas where the chat template declares them (a template that cannot take them is
     refused here)."""
-    tools = prompt_tools(cfg.env, tokenizer)
-    return PromptRenderer(tokenizer, system_prompt(cfg), tools, tool_instructions(cfg.env))
+    tools = prompt_tools(env, tokenizer)
+    system = system_prompt(data.system_prompt, env)
+    return PromptRenderer(tokenizer, system, tools, tool_instructions(env))
 
 
 class PromptStream:
@@ -229,14 +230,18 @@ class PromptStream:
 
 
 def fit_prompts(
-    cfg: Config, render: PromptRenderer, problems: list[Problem], split: str
+    sampler: SamplerConfig,
+    data_name: str,
+    render: PromptRenderer,
+    problems: list[Problem],
+    split: str,
 ) -> list[Problem]:
     """`problems` whose rendered prompt fits sampler.max_prompt_tokens; a longer one is an
     error unless sampler.long_prompts=drop, which drops it with a count. An empty list (no
     held-out split: data.num_test=0) is returned as it is."""
     if not problems:
         return problems  # a tokenizer given no text fails rather than returning nothing
-    s, tokenizer = cfg.sampler, render.tokenizer
+    s, tokenizer = sampler, render.tokenizer
     rendered = [render.prompt(p) for p in problems]
     lengths = [len(ids) for ids in tokenizer(rendered, add_special_tokens=False).input_ids]
     too_long = [i for i, n in enumerate(lengths) if n > s.max_prompt_tokens]
@@ -245,7 +250,7 @@ def fit_prompts(
     longest = max(too_long, key=lengths.__getitem__)
     if s.long_prompts == "error":
         raise ConfigError(
-            f"{len(too_long)} of {len(problems)} {split} prompts of data={cfg.data.name} are "
+            f"{len(too_long)} of {len(problems)} {split} prompts of data={data_name} are "
             f"longer than sampler.max_prompt_tokens={s.max_prompt_tokens} (the longest, "
             f"{problems[longest].id!r}, has {lengths[longest]} tokens with the chat template). "
             "Raise sampler.max_prompt_tokens (with sampler.max_model_len on vLLM), or drop "

@@ -12,14 +12,14 @@ token contexts.
 
 from __future__ import annotations
 
-from rlcli.config import Config, EnvConfig
+from rlcli.config import EnvConfig, SamplerConfig
 
 
-def system_prompt(cfg: Config) -> str | None:
-    """The system message of every prompt: `data.system_prompt`, then the tool instructions
+def system_prompt(base: str | None, env: EnvConfig) -> str | None:
+    """The system message of every prompt: `base` (data.system_prompt), then the tool instructions
     of `env.instructions` (with the tools' lines in place of `{tools}`) when tools are on in
     rlcli's format (with env.tool_format=chat_template the template declares the tools)."""
-    base, text = cfg.data.system_prompt, tool_instructions(cfg.env)
+    text = tool_instructions(env)
     if text is None:
         return base
     return text if base is None else f"{base}\n\n{text}"
@@ -59,7 +59,7 @@ def call_format(env: EnvConfig, tokenizer):
     return RLCLI_CALLS
 
 
-def response_budget(cfg: Config) -> int:
+def response_budget(sampler: SamplerConfig, env: EnvConfig) -> int:
     """Most tokens after the prompt: one reply's (sampler.max_new_tokens), or a whole
     episode's with tools (env.max_tokens); Dr. GRPO's and DAPO's length terms use it."""
-    return cfg.sampler.max_new_tokens if cfg.env.name == "none" else cfg.env.max_tokens
+    return sampler.max_new_tokens if env.name == "none" else env.max_tokens

@@ -113,7 +113,7 @@ def resume_changes(saved: dict, cfg: Config) -> dict[str, list[tuple[str, object
         # An older rlcli saved `auto` as it resolved it: compare that with what it means now.
         from rlcli.rollout.samplers import resolved_old_logp
 
-        new["sampler.old_logp"] = resolved_old_logp(cfg)
+        new["sampler.old_logp"] = resolved_old_logp(cfg.sampler, cfg.trainer)
     changes: dict[str, list] = {"fixed": [], "applied": [], "free": []}
     for key in sorted(old.keys() & new.keys()):
         if old[key] != new[key]:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from rlcli.config import Config, ConfigError, EnvConfig, SamplerConfig
+from rlcli.config import ConfigError, EnvConfig, SamplerConfig, TrainerConfig
 from rlcli.ops.policy_loss import IS_CORRECTIONS
 from rlcli.rollout.batch import Rollout, eos_token_ids
 from rlcli.runtime import distributed
@@ -142,7 +142,13 @@ def make_sampler(setup: SamplerSetup) -> Sampler:
 
 
 def check_sampler(sampler: SamplerConfig) -> None:
-    """A ConfigError for sampling settings no sampler can run, before anything loads."""
+    """A ConfigError for sampling settings no sampler can run, before anything loads: values
+    out of their range, then what the chosen backend cannot do."""
+    _check_ranges(sampler)
+    _check_backend(sampler)
+
+
+def _check_ranges(sampler: SamplerConfig) -> None:
     if sampler.max_new_tokens < 1:
         raise ConfigError(
             f"sampler.max_new_tokens={sampler.max_new_tokens} is not allowed: it must be a whole "
@@ -170,6 +176,20 @@ def check_sampler(sampler: SamplerConfig) -> None:
         raise ConfigError(
             f"sampler.temperature={sampler.temperature} is not allowed: it must be > 0."
         )
+    if sampler.tis_cap < 1:
+        raise ConfigError(
+            f"sampler.tis_cap={sampler.tis_cap} is not allowed: the truncation cap C of the "
+            "importance weights must be >= 1 (2 is the usual choice)."
+        )
+    if sampler.is_correction not in IS_CORRECTIONS:
+        raise ConfigError(
+            f"sampler.is_correction={sampler.is_correction!r} is not a correction: truncate "
+            "(a behaviour weight above sampler.tis_cap counts as the cap; Yao et al. 2025) or "
+            "mask (its token leaves the loss; AReaL's decoupled PPO)."
+        )
+
+
+def _check_backend(sampler: SamplerConfig) -> None:
     if sampler.name == "hf" and sampler.stop:
         raise ConfigError(
             f"sampler.stop={list(sampler.stop)} needs sampler=vllm: the transformers sampler "
@@ -191,11 +211,6 @@ def check_sampler(sampler: SamplerConfig) -> None:
             f"sampler.max_new_tokens={response} fit in sampler.max_model_len="
             f"{context} (the engine's context: prompt + response)."
         )
-    if sampler.tis_cap < 1:
-        raise ConfigError(
-            f"sampler.tis_cap={sampler.tis_cap} is not allowed: the truncation cap C of the "
-            "importance weights must be >= 1 (2 is the usual choice)."
-        )
     remote = sampler.workers > 0 or bool(sampler.urls)
     if sampler.workers < 0 or (remote and sampler.name != "vllm"):
         raise ConfigError(
@@ -210,12 +225,6 @@ def check_sampler(sampler: SamplerConfig) -> None:
             "sampler.urls=[...]), k >= 1 updates the workers may run ahead of the learner; an "
             "engine in the learner's process cannot sample while it learns."
         )
-    if sampler.is_correction not in IS_CORRECTIONS:
-        raise ConfigError(
-            f"sampler.is_correction={sampler.is_correction!r} is not a correction: truncate "
-            "(a behaviour weight above sampler.tis_cap counts as the cap; Yao et al. 2025) or "
-            "mask (its token leaves the loss; AReaL's decoupled PPO)."
-        )
     if sampler.name == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "sampler=vllm needs vLLM, which is not installed. Install the extra for your "
@@ -224,8 +233,9 @@ def check_sampler(sampler: SamplerConfig) -> None:
         )
 
 
-def resolved_old_logp(cfg: Config) -> str:
-    """Whose log-probs are the behaviour policy's, "sampler" or "learner", for `cfg`'s run.
+def resolved_old_logp(sampler: SamplerConfig, trainer: TrainerConfig) -> str:
+    """Whose log-probs are the behaviour policy's, "sampler" or "learner", for a run
+    sampling as `sampler` says and learning as `trainer` does.
 
     With `sampler.max_staleness` >= 1 the batch may be several updates old, so the sampler,
     not the learner, is its behaviour policy. `sampler.old_logp=auto` is the sampler's
@@ -235,16 +245,16 @@ def resolved_old_logp(cfg: Config) -> str:
     float32 the two agree to ~1e-6). Resolved here, where it is read, so that the config keeps
     `auto`.
     """
-    if cfg.sampler.max_staleness:
+    if sampler.max_staleness:
         return "sampler"
-    if cfg.sampler.old_logp != "auto":
-        return cfg.sampler.old_logp
+    if sampler.old_logp != "auto":
+        return sampler.old_logp
     from rlcli.runtime.models import compute_dtype, pick_device
 
-    bf16 = compute_dtype(cfg.trainer, pick_device(cfg.trainer.device)) == "bfloat16"
-    return "sampler" if cfg.sampler.name == "vllm" and bf16 else "learner"
+    bf16 = compute_dtype(trainer, pick_device(trainer.device)) == "bfloat16"
+    return "sampler" if sampler.name == "vllm" and bf16 else "learner"
 
 
-def objective_sampler(cfg: Config) -> SamplerConfig:
-    """`cfg.sampler` with `old_logp` resolved, for `objective_from_config`: a copy, not cfg's."""
-    return replace(cfg.sampler, old_logp=resolved_old_logp(cfg))
+def objective_sampler(sampler: SamplerConfig, trainer: TrainerConfig) -> SamplerConfig:
+    """`sampler` with `old_logp` resolved, for `objective_from_config`: a copy."""
+    return replace(sampler, old_logp=resolved_old_logp(sampler, trainer))

@@ -148,7 +148,7 @@ class WeightPush:
 
             gloo_transfer.register()
             init = gloo_transfer.GlooLearnerInit(**where, timeout_s=self.cfg.worker_timeout_s)
-        else:  # not run here: this machine has no GPU, the lent GPU machine no vLLM
+        else:  # CUDA: vLLM's own NCCL backend
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
             init = NCCLTrainerInitInfo(**where)

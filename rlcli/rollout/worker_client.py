@@ -30,12 +30,6 @@ class WorkerLost(RuntimeError):
     """A rollout worker died, stopped answering or answered nonsense; the message names it
     and what to do."""
 
-    # Set when the learner had already taken the step's update: that step's metrics and the
-    # responses it scored, which the loop writes before it saves the step as done.
-    step_metrics: dict | None = None
-    step_samples: list | tuple = ()
-    step_advantages: dict | None = None
-
 
 # A worker's transient HTTP failures (a refused connection while it restarts, a 429 or 5xx
 # answer from it or a proxy before it) are retried this many times, waiting 0, 2, 4, 8 x

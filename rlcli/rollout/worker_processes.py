@@ -136,28 +136,29 @@ def server_command(
             "--kv-cache-memory-bytes",
             str(int(cfg.cpu_kv_cache_gb * 2**30)),
         ]
-    # A worker is not a rank of the learner's torchrun: without this it would wait for the
-    # learner's process group (and run on torchrun's single OpenMP thread). Nor does it keep
-    # the in-process engine layout that an engine in the learner's process set.
-    launcher = (
-        "VLLM_ENABLE_V1_MULTIPROCESSING",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "GROUP_RANK",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "OMP_NUM_THREADS",
-    )
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in launcher and "TORCHELASTIC" not in k},
+    return argv, server_environment()
+
+
+# A worker is not a rank of the learner's torchrun: with these it would wait for the learner's
+# process group (and run on torchrun's single OpenMP thread). Nor does it keep the in-process
+# engine layout that an engine in the learner's process set.
+LAUNCHER_VARIABLES = ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                      "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
+                      "ROLE_WORLD_SIZE", "OMP_NUM_THREADS")  # fmt: skip
+
+
+def server_environment() -> dict[str, str]:
+    """A worker's environment: the learner's, less its launcher's variables."""
+    kept = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in LAUNCHER_VARIABLES and "TORCHELASTIC" not in k
+    }
+    return {
+        **kept,
         "VLLM_SERVER_DEV_MODE": "1",  # vLLM's RL routes and /reset_prefix_cache
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     }
-    return argv, env
 
 
 def transfer_backend() -> str:
@@ -255,8 +256,7 @@ class LocalWorkers:
 
 def worker_gpus(i: int, k: int, per_worker: int) -> str:
     """CUDA_VISIBLE_DEVICES of local worker i: GPUs after the ones this node's learner ranks
-    use (torchrun's LOCAL_WORLD_SIZE, the first ones visible), `per_worker` each.
-    Not run here: this machine has no GPU, and the GPU machine lent to tests has no vLLM."""
+    use (torchrun's LOCAL_WORLD_SIZE, the first ones visible), `per_worker` each."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(d) for d in range(torch.cuda.device_count())]
     learner = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

@@ -34,7 +34,7 @@ def _number(value: float) -> float | None:
 
 
 def sample_rows(step: int, samples: Sequence, advantages: dict) -> list[dict]:
-    """One JSON-ready row per scored response (`samples`: `tracking.trackers.ScoredSample`)."""
+    """One JSON-ready row per scored response (`samples`: `rewards.scored.ScoredSample`)."""
     rows = []
     for s in samples:
         advantage = advantages.get((s.problem_id, s.response))

@@ -22,82 +22,16 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlcli.config import Config, ConfigError, LoggerConfig
+from rlcli.rewards.scored import ScoredSample
 from rlcli.tracking.metrics import MetricsLog
 from rlcli.tracking.plots import CURVES_FILE, plot_runs
 from rlcli.tracking.samples import SamplesLog
 
 SAMPLE_COLUMNS = ["step", "prompt", "response", "answer", "reward"]
-
-
-@dataclass(frozen=True)
-class ScoredSample:
-    """One sampled response as the table of samples shows it."""
-
-    prompt: str  # the question, before chat rendering
-    response: str
-    answer: str  # ground truth
-    reward: float  # NaN when the reward failed
-    problem_id: str = ""
-    components: dict = dataclasses.field(default_factory=dict)  # each component's own score
-    length: int = 0  # response tokens
-    episode: dict | None = None  # env=...: the whole episode (`env.episode.Episode.transcript`)
-    versions: list[int] | None = None  # rollout workers: the weight versions its tokens span
-    conversation: tuple[dict, ...] | None = None  # conversational data: the prompt's messages
-
-
-class RecordingScorer:
-    """A scorer that also keeps what it scores while `recording()` is open.
-
-    The trainer's step returns its metrics only; wrapping the scorer lets the loop show the
-    step's responses with their prompts and rewards without changing the step. Recording is
-    scoped so that scoring done outside the step (held-out evaluation) stays out.
-    """
-
-    def __init__(self, scorer):
-        self.scorer = scorer
-        self.recorded: list[ScoredSample] | None = None
-
-    def at_step(self, global_step: int, max_steps: int) -> None:
-        self.scorer.at_step(global_step, max_steps)
-
-    def __call__(self, samples):
-        scores = self.scorer(samples)
-        if self.recorded is not None:
-            parts = {name: values.tolist() for name, values in scores.components.items()}
-            self.recorded += [
-                ScoredSample(
-                    s.question,
-                    s.response,
-                    s.answer,
-                    reward,
-                    s.problem_id,
-                    {name: values[i] for name, values in parts.items()},
-                    s.length,
-                    s.episode,
-                    s.versions,
-                    s.conversation,
-                )
-                for i, (s, reward) in enumerate(zip(samples, scores.total.tolist(), strict=True))
-            ]
-        return scores
-
-    def __getattr__(self, name):
-        return getattr(self.scorer, name)
-
-    @contextmanager
-    def recording(self) -> Iterator[list[ScoredSample]]:
-        """A list that fills with every response scored inside the `with` block."""
-        self.recorded = []
-        try:
-            yield self.recorded
-        finally:
-            self.recorded = None
 
 
 class NoTracker:

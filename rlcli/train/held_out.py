@@ -99,6 +99,21 @@ def reply_record(rollout: Rollout, scores: Scores, row: int, correct_above: floa
     return record
 
 
+def problem_record(problem: Problem, greedy: dict, samples: list[dict]) -> dict:
+    """A problem's line of eval_samples.jsonl: its greedy reply and its k samples."""
+    record = {
+        "problem_id": problem.id,  # the key samples.jsonl uses
+        "prompt": problem.question,
+        "answer": problem.answer,
+        "greedy": greedy,
+        "samples": samples,
+        "correct_samples": sum(r["correct"] for r in samples),
+    }
+    if problem.conversation is not None:  # conversational data: the prompt's messages
+        record["conversation"] = problem.conversation
+    return record
+
+
 def evaluate(
     sampler: Sampler,
     scorer: Scorer,
@@ -135,20 +150,12 @@ def evaluate(
     for (chunk, greedy, greedy_scores), (_, samples, sampled_scores) in chunks:
         greedy_errors += greedy_scores.errors
         for i, problem in enumerate(chunk):
-            replies = range(i * cfg.k, (i + 1) * cfg.k)
-            record = {
-                "problem_id": problem.id,  # the key samples.jsonl uses
-                "prompt": problem.question,
-                "answer": problem.answer,
-                "greedy": reply_record(greedy, greedy_scores, i, cfg.correct_above),
-                "samples": [
-                    reply_record(samples, sampled_scores, j, cfg.correct_above) for j in replies
-                ],
-            }
-            record["correct_samples"] = sum(r["correct"] for r in record["samples"])
-            if problem.conversation is not None:  # conversational data: the prompt's messages
-                record["conversation"] = problem.conversation
-            records.append(record)
+            greedy_reply = reply_record(greedy, greedy_scores, i, cfg.correct_above)
+            replies = [
+                reply_record(samples, sampled_scores, j, cfg.correct_above)
+                for j in range(i * cfg.k, (i + 1) * cfg.k)
+            ]
+            records.append(problem_record(problem, greedy_reply, replies))
         sampled.append((sampled_scores.total > cfg.correct_above).view(len(chunk), cfg.k))
         bar.update(len(chunk))
         bar.set_postfix(accuracy=f"{share([r['greedy']['correct'] for r in records]):.3f}")

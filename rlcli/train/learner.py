@@ -39,6 +39,64 @@ class UpdatePlan:
     share_prompts: bool = True  # a group's prompt read once per pass (`passes`)
 
 
+def _passes_of(model, obj: Objective, batch: TrainBatch, mini: Tensor, plan: UpdatePlan,
+               counts: StepCounts, attention, totals: dict, updated: bool):  # fmt: skip
+    """Forward and backward of the objective over mini-batch `mini`, pass by pass, its sums
+    added into `totals`; returns (its loss summed on the device, the tokens the passes ran
+    over, those that are not padding). `updated`: whether an optimiser step of this batch ran
+    already (a piece that fails then says so)."""
+    rollout, advantages = batch.rollout, batch.advantages
+    # Summed on the device and read once per optimiser step, not once per pass: each read
+    # waits for the GPU to finish the pass, and then the GPU waits for the next one's launch.
+    step_loss = torch.zeros((), device=rollout.input_ids.device)
+    padded = real = 0
+    chosen = minibatch_choices(model, obj, batch, mini, plan) if obj.needs_minibatch_stats else {}
+    for idx, inputs, mask in passes(
+        rollout, mini, plan.micro_batch_size, plan.max_tokens, attention
+    ):
+        t = mask.shape[1]
+        padded, real = padded + inputs.input_ids.numel(), real + inputs.real_tokens
+        logp, entropy = pass_logprobs(model, inputs, True, obj.temperature)
+        old = logp.detach() if batch.old_logp is None else batch.old_logp[idx, :t]
+        ref = None if batch.ref_logp is None else batch.ref_logp[idx, :t]
+        sampler_logp = rollout.sampler_logp
+        sampled = None if sampler_logp is None else sampler_logp[idx, :t]
+        # Per-token advantages (GAE, process rewards) are cut to the micro-batch's width.
+        adv = advantages[idx] if advantages.dim() == 1 else advantages[idx, :t]
+        try:
+            loss, sums = policy_objective(
+                obj, logp, old, ref, adv, mask, entropy, counts, sampled,
+                **{key: rows[idx, :t] for key, rows in chosen.items()},
+            )  # fmt: skip
+        except PieceError as err:
+            err.updated = updated
+            raise
+        loss.backward()
+        step_loss += loss.detach()
+        for key, value in sums.items():
+            value = value.detach() if torch.is_tensor(value) else value
+            totals[key] = totals.get(key, 0.0) + value
+    return step_loss, padded, real
+
+
+def _step_optimizer(optimizer, plan: UpdatePlan, scheduler, step_loss: float) -> tuple[float, bool]:
+    """(the gradient norm, whether the update was applied): clipped to plan.max_grad_norm, and
+    skipped when the loss or the norm is not finite (one NaN update would poison every
+    weight; the loop counts it)."""
+    limit = plan.max_grad_norm if plan.max_grad_norm > 0 else float("inf")
+    # The optimiser's parameters: with bfloat16 working weights, the float32 masters hold the
+    # gradients (`runtime.precision`).
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
+    if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm, False
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return grad_norm, True
+
+
 def learn(
     model,
     optimizer,
@@ -57,7 +115,7 @@ def learn(
     response counts of all ranks, so the gradients summed over ranks are those of the whole
     batch.
     """
-    rollout, advantages = batch.rollout, batch.advantages
+    rollout = batch.rollout
     n = len(rollout.texts)
     device = rollout.input_ids.device
     totals: dict[str, float] = {}
@@ -74,78 +132,38 @@ def learn(
             responses=distributed.all_sum(float(len(mini))),
         )
         optimizer.zero_grad(set_to_none=True)
-        # Summed on the device and read once per optimiser step, not once per pass: each read
-        # waits for the GPU to finish the pass, and then the GPU waits for the next one's launch.
-        step_loss = torch.zeros((), device=device)
-        chosen = (
-            minibatch_choices(model, obj, batch, mini, plan) if obj.needs_minibatch_stats else {}
+        updated = len(grad_norms) > skipped
+        step_loss, pass_tokens, real_tokens = _passes_of(
+            model, obj, batch, mini, plan, counts, attention, totals, updated
         )
-        for idx, inputs, mask in passes(
-            rollout, mini, plan.micro_batch_size, plan.max_tokens, attention
-        ):
-            t = mask.shape[1]
-            padded, real = padded + inputs.input_ids.numel(), real + inputs.real_tokens
-            logp, entropy = pass_logprobs(model, inputs, True, obj.temperature)
-            old = logp.detach() if batch.old_logp is None else batch.old_logp[idx, :t]
-            ref = None if batch.ref_logp is None else batch.ref_logp[idx, :t]
-            sampler_logp = rollout.sampler_logp
-            sampled = None if sampler_logp is None else sampler_logp[idx, :t]
-            # Per-token advantages (GAE, process rewards) are cut to the micro-batch's width.
-            adv = advantages[idx] if advantages.dim() == 1 else advantages[idx, :t]
-            try:
-                loss, sums = policy_objective(
-                    obj,
-                    logp,
-                    old,
-                    ref,
-                    adv,
-                    mask,
-                    entropy,
-                    counts,
-                    sampled,
-                    **{key: rows[idx, :t] for key, rows in chosen.items()},
-                )
-            except PieceError as err:
-                err.updated = len(grad_norms) > skipped  # an optimiser step of this batch ran
-                raise
-            loss.backward()
-            step_loss += loss.detach()
-            for key, value in sums.items():
-                value = value.detach() if torch.is_tensor(value) else value
-                totals[key] = totals.get(key, 0.0) + value
+        padded, real = padded + pass_tokens, real + real_tokens
         if aux_loss is not None:
             extra = aux_loss()
             extra.backward()
             totals["aux_loss_sum"] = totals.get("aux_loss_sum", 0.0) + extra.item()
         step_loss = distributed.all_sum(float(step_loss))  # each rank's is its share
-        limit = plan.max_grad_norm if plan.max_grad_norm > 0 else float("inf")
-        # The optimiser's parameters: with bfloat16 working weights, the float32 masters
-        # hold the gradients (`runtime.precision`).
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
+        grad_norm, applied = _step_optimizer(optimizer, plan, scheduler, step_loss)
         grad_norms.append(grad_norm)
         losses.append(step_loss)
-        if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
-            # One NaN update would poison every weight; skip it and let the loop count it.
-            optimizer.zero_grad(set_to_none=True)
-            skipped += 1
-            continue
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-    tokens = float(rollout.response_mask.sum())
-    totals = read_once(totals)
+        skipped += not applied
+    metrics = per_token(read_once(totals), float(rollout.response_mask.sum()), plan)
+    metrics["loss/policy"] = sum(losses) / len(losses)
+    metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    metrics["nonfinite/skipped_updates"] = float(skipped)
+    metrics["batch/padding_frac"] = 1 - real / max(padded, 1)
+    metrics["batch/learner_tokens"] = float(real)
+    return metrics
+
+
+def per_token(totals: dict[str, float], tokens: float, plan: UpdatePlan) -> dict[str, float]:
+    """The objective's sums as means over the batch's response tokens; PPO-ptx's loss as its
+    mean over the optimiser steps; clip/frac from its three parts."""
     aux = totals.pop("aux_loss_sum", None)
     metrics = {key: value / max(tokens, 1.0) for key, value in totals.items()}
     if aux is not None:
         metrics["ptx/loss"] = aux / plan.mini_batches
     if "clip/low" in metrics:  # losses that clip (PPO's and its kin)
         metrics["clip/frac"] = metrics["clip/low"] + metrics["clip/high"] + metrics["clip/dual"]
-    metrics["loss/policy"] = sum(losses) / len(losses)
-    metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
-    metrics["nonfinite/skipped_updates"] = float(skipped)
-    metrics["batch/padding_frac"] = 1 - real / max(padded, 1)
-    metrics["batch/learner_tokens"] = float(real)
     return metrics
 
 

@@ -45,9 +45,8 @@ class Trainer:
     a `step` counter (optimiser steps done) that the loop advances."""
 
     setup: Callable[[Config, Path | None], Any]  # (cfg, checkpoint or None) -> run
-    # run -> (metrics, the responses it scored, for the tracker's table)
-    # run -> (metrics, the samples it scored, {(problem id, response): advantage})
-    train_step: Callable[[Any], tuple[dict[str, float], list, dict]]
+    # run -> the step's one result: metrics, the samples it scored, their advantages
+    train_step: Callable[[Any], rl_step.StepResult]
     # (run, run_dir) -> eval metrics due after this step
     held_out: Callable[[Any, Path], dict[str, float]]
     # (run, run_dir) -> the held-out metrics of the weights as they are (trainer.val_before_train),
@@ -59,16 +58,6 @@ class Trainer:
     headline: str = "reward/mean"  # the metric the progress bar shows
     # (run, a step's metrics) -> why that step learned nothing, or None when it had a signal
     no_signal: Callable[[Any, dict], rl_step.NoSignal | None] = lambda run, metrics: None
-
-
-def rl_train_step(run: rl.Run) -> tuple[dict[str, float], list, dict]:
-    with run.scorer.recording() as samples:
-        try:
-            metrics, advantages = rl_step.step(run)
-        except WorkerLost as lost:
-            lost.step_samples = samples  # those of a step lost after its update, to be written
-            raise
-    return metrics, samples, advantages
 
 
 def rl_evaluate(run: rl.Run, run_dir: Path) -> dict[str, float] | None:
@@ -106,7 +95,7 @@ def rl_held_out(run: rl.Run, run_dir: Path) -> dict[str, float]:
 TRAINERS: dict[str, Trainer] = {
     "clipped": Trainer(
         setup=rl.setup,
-        train_step=rl_train_step,
+        train_step=rl_step.step,
         held_out=rl_held_out,
         evaluate=rl_evaluate,
         save=rl.save,
@@ -117,7 +106,7 @@ TRAINERS: dict[str, Trainer] = {
     ),
     "dpo": Trainer(
         setup=dpo.setup,
-        train_step=lambda run: (dpo.train_step(run), [], {}),
+        train_step=lambda run: rl_step.StepResult(dpo.train_step(run)),
         held_out=lambda run, run_dir: dpo.held_out(run),
         evaluate=lambda run, run_dir: (
             dpo.pair_metrics(run, run.test_pairs) if run.test_pairs else None
@@ -222,14 +211,11 @@ def worker_lost(lost: WorkerLost, run, trainer: Trainer, tracker, run_dir: Path)
     )
 
 
-def train(cfg: Config, run_dir: Path) -> Path:
-    """Run steps up to `cfg.trainer.max_steps`, writing metrics and checkpoints under
-    `run_dir`; continue a run from its checkpoint as `trainer.resume` says. Returns the path
-    of metrics.jsonl."""
-    t, trainer = cfg.trainer, TRAINERS[cfg.algo.objective]
-    say = print if distributed.is_main() else lambda *_: None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    main = distributed.is_main()
+def _resume_point(cfg: Config, run_dir: Path, say) -> tuple[Path | None, bool]:
+    """(the checkpoint this start continues from or None, whether the run is already
+    finished), decided before any model loads; the start (or resume) is recorded in
+    config.yaml. A finished run rerun with a push pushes its last checkpoint."""
+    t, main = cfg.trainer, distributed.is_main()
     if main and t.push_to_hub is not None:
         check_push(t.push_to_hub)  # first: a finished run rerun with a push pushes it (below)
     if main:
@@ -249,12 +235,18 @@ def train(cfg: Config, run_dir: Path) -> Path:
             if main and t.push_to_hub is not None:
                 url = push(checkpoint, t.push_to_hub)
                 say(f"rlcli: pushed {checkpoint.name} to the hub: {url}")
-            return run_dir / "metrics.jsonl"
+            return checkpoint, True
         for line in check_resume(state.get("config"), cfg, checkpoint, state["step"]):
             say(line)
         event = f"resumed from {checkpoint} at step {state['step']}"
     if main:
         record_config(run_dir, cfg, f"{event}: {resume_command(run_dir)}")
+    return checkpoint, False
+
+
+def _start(cfg: Config, trainer: Trainer, checkpoint: Path | None, run_dir: Path, say):
+    """(the run built from `checkpoint` or afresh, its tracker), with the lines a run prints
+    before its first step."""
     try:
         run = trainer.setup(cfg, checkpoint)
     except WorkerLost as lost:  # before this start trained anything: nothing new to save
@@ -276,29 +268,72 @@ def train(cfg: Config, run_dir: Path) -> Path:
     if cfg.algo.objective == "clipped":
         for line in start_warnings(cfg):
             tracker.write(line)
-    if run.step == 0 and t.val_before_train:
+    if run.step == 0 and cfg.trainer.val_before_train:
         evaluate_before_training(trainer, run, run_dir, tracker)
     elif run.step == 0 and (line := trainer.before(run)):
         tracker.write(line)
+    return run, tracker
+
+
+def _note_no_signal(trainer: Trainer, run, metrics: dict, unlearned: dict, tracker) -> None:
+    """A warning the first time a step learns nothing for a given reason; every such step is
+    counted in `unlearned`, {(what it lacked, the metric that shows it): [steps]}."""
+    if (lack := trainer.no_signal(run, metrics)) is None:
+        return
+    if (lack.what, lack.metric) not in unlearned:  # once a run; counted at the end
+        tracker.write(
+            f"rlcli: warning: step {run.step} {lack.what} ({lack.metric}, {lack.effect}): "
+            f"{lack.why}."
+        )
+    unlearned.setdefault((lack.what, lack.metric), []).append(run.step)
+
+
+def _finish(cfg: Config, run, tracker, saved: Path, unlearned: dict, first_step: int,
+            run_dir: Path, say) -> None:  # fmt: skip
+    """The lines a finished run prints (where its metrics, curves and checkpoints are), and its
+    push to the hub."""
+    curves = tracker.finish()
+    for (what, metric), steps in unlearned.items():
+        say(
+            f"rlcli: warning: {len(steps)} of the {run.step - first_step + 1} steps {what} "
+            f"({metric}); the warning at step {steps[0]} says why."
+        )
+    say(f"rlcli: metrics in {tracker.path}")
+    say(f"rlcli: curves in {curves}")
+    say(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
+    if distributed.is_main() and cfg.trainer.push_to_hub is not None:
+        say(f"rlcli: pushed {saved.name} to the hub: {push(saved, cfg.trainer.push_to_hub)}")
+    distributed.shutdown()
+
+
+def train(cfg: Config, run_dir: Path) -> Path:
+    """Run steps up to `cfg.trainer.max_steps`, writing metrics and checkpoints under
+    `run_dir`; continue a run from its checkpoint as `trainer.resume` says. Returns the path
+    of metrics.jsonl."""
+    t, trainer = cfg.trainer, TRAINERS[cfg.algo.objective]
+    say = print if distributed.is_main() else lambda *_: None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint, finished = _resume_point(cfg, run_dir, say)
+    if finished:
+        return run_dir / "metrics.jsonl"
+    run, tracker = _start(cfg, trainer, checkpoint, run_dir, say)
     # (what a step lacked, the metric that shows it) -> the steps of this start that lacked it
     first_step, unlearned = run.step + 1, {}
     last_saved = run.step  # the checkpoint resumed from, or nothing (0)
     with LoopGuard(t.max_bad_steps, tracker.write, own_pieces(cfg)) as guard:
         while run.step < t.max_steps:
-            lost = None
             try:
-                metrics, samples, advantages = trainer.train_step(run)
+                result = trainer.train_step(run)
             except Unscorable as err:  # before the update: the step did not happen
                 raise unscorable_batch(err, run, trainer, tracker, run_dir, last_saved) from None
             except PieceError as err:
                 raise piece_failed(err, run, trainer, tracker, run_dir, last_saved) from None
-            except WorkerLost as err:
-                if err.step_metrics is None:  # before the update: the step did not happen
-                    raise worker_lost(err, run, trainer, tracker, run_dir) from None
-                # In the weight push, after the update: the step happened. Its rows are written
-                # before the run stops with it saved, so a resume neither loses nor repeats it.
-                lost, metrics, samples = err, err.step_metrics, err.step_samples
-                advantages = err.step_advantages or {}
+            except WorkerLost as err:  # before the update: the step did not happen
+                raise worker_lost(err, run, trainer, tracker, run_dir) from None
+            # A worker lost in the weight push, after the update: the step happened. Its rows
+            # are written before the run stops with it saved, so a resume neither loses nor
+            # repeats it.
+            metrics, lost = result.metrics, result.lost
             run.step += 1
             # Under torchrun: averaged over the ranks (times: the slowest rank's).
             metrics = distributed.mean_metrics({"step": run.step, **metrics})
@@ -310,14 +345,8 @@ def train(cfg: Config, run_dir: Path) -> Path:
                 lost = err  # the step's rows are written all the same, without the eval
             except Unscorable as err:  # the evaluation measured nothing; the step is sound
                 unscored_evaluation(err, run.step, tracker)
-            tracker.log(metrics, samples, advantages)
-            if (lack := trainer.no_signal(run, metrics)) is not None:
-                if (lack.what, lack.metric) not in unlearned:  # once a run; counted at the end
-                    tracker.write(
-                        f"rlcli: warning: step {run.step} {lack.what} ({lack.metric}, "
-                        f"{lack.effect}): {lack.why}."
-                    )
-                unlearned.setdefault((lack.what, lack.metric), []).append(run.step)
+            tracker.log(metrics, result.samples, result.advantages)
+            _note_no_signal(trainer, run, metrics, unlearned, tracker)
             guard.observe(run.step, metrics)
             if lost is not None:
                 raise worker_lost(lost, run, trainer, tracker, run_dir) from None
@@ -329,16 +358,5 @@ def train(cfg: Config, run_dir: Path) -> Path:
             if stopping:
                 tracker.finish()
                 raise guard.stop(run.step, saved, run_dir)
-    curves = tracker.finish()
-    for (what, metric), steps in unlearned.items():
-        say(
-            f"rlcli: warning: {len(steps)} of the {run.step - first_step + 1} steps {what} "
-            f"({metric}); the warning at step {steps[0]} says why."
-        )
-    say(f"rlcli: metrics in {tracker.path}")
-    say(f"rlcli: curves in {curves}")
-    say(f"rlcli: checkpoints in {run_dir / 'checkpoints'}")
-    if main and t.push_to_hub is not None:
-        say(f"rlcli: pushed {saved.name} to the hub: {push(saved, t.push_to_hub)}")
-    distributed.shutdown()
+    _finish(cfg, run, tracker, saved, unlearned, first_step, run_dir, say)
     return tracker.path

@@ -275,17 +275,14 @@ def shared_prompt_pass(
 ):
     """The pass over `rows`, each a list of groups (lists of response positions in `batch`
     sharing a prompt) laid one after the other; `spans[i]` the columns of response i the pass
-    reads, `prompt_of[i]` its `real_prompt`. The mask is `segment_mask`'s, in the form the
-    model's `attention` takes. The rows are laid out where `batch` is and the pass is moved to
-    `device` (None: the same). Returns (the responses' positions in pass order [b], the Pass,
-    their response mask [b, t])."""
+    reads, `prompt_of[i]` its `real_prompt`. Laid out where `batch` is, then moved to `device`
+    (None: the same). Returns (the responses' positions in pass order [b], the Pass, their
+    response mask [b, t])."""
     width, host = batch.prompt_width, batch.input_ids.device
     device = device or host
 
-    def group_length(group):
-        return len(prompt_of[group[0]]) + sum(spans[i] for i in group)
-
-    length = max(sum(group_length(g) for g in row) for row in rows)
+    # The longest row: its groups' prompts and responses one after the other.
+    length = max(sum(len(prompt_of[g[0]]) + sum(spans[i] for i in g) for g in row) for row in rows)
     order = [i for row in rows for group in row for i in group]
     t = max(1, max(spans[i] for i in order))
     ids = torch.zeros(len(rows), length, dtype=torch.long, device=host)
@@ -308,15 +305,13 @@ def shared_prompt_pass(
                 n = spans[i]
                 response = batch.input_ids[i, width : width + n]
                 real = batch.attention_mask[i, width : width + n]
-                ids[r, col : col + n] = response
+                cols = slice(col, col + n)
                 # As in the padded layout: positions count the real tokens before each one.
-                positions[r, col : col + n] = p - 1 + real.cumsum(0)
-                segment[r, col : col + n] = torch.where(real.bool(), s, -1)
-                doc[r, col : col + n] = g
-                pred_rows[k] = r
+                ids[r, cols], positions[r, cols] = response, p - 1 + real.cumsum(0)
+                segment[r, cols], doc[r, cols] = torch.where(real.bool(), s, -1), g
                 # The first token is predicted by the prompt's last position, the others by
                 # the response's own previous one.
-                pred_cols[k, 0] = last
+                pred_rows[k], pred_cols[k, 0] = r, last
                 pred_cols[k, 1:n] = torch.arange(col, col + max(n - 1, 0))
                 tokens[k, :n] = response
                 k, col = k + 1, col + n
@@ -327,16 +322,23 @@ def shared_prompt_pass(
         device, ids, positions, pred_rows, pred_cols, tokens, doc, segment, idx, response_mask
     )
     # The mask is made on the device from the two small tables: it is the pass's largest input.
-    if attention == "flex_attention":
-        mask = flex_block_mask(doc, segment)
-    else:
-        mask = segment_mask(doc, segment)[:, None]  # bool, as sdpa takes it
-        if attention == "eager":  # transformers' eager attention adds the mask to its scores
-            mask = torch.zeros(mask.shape, device=device).masked_fill_(
-                ~mask, torch.finfo(torch.float32).min
-            )
+    mask = attention_mask(doc, segment, attention)
     shared = Pass(ids, mask, positions, pred_rows, pred_cols, tokens, real_tokens)
     return idx, shared, response_mask
+
+
+def attention_mask(doc: Tensor, segment: Tensor, attention: str):
+    """`segment_mask` in the form the model's `attention` takes: a flex_attention block mask,
+    booleans [R, 1, L, L] for sdpa, additive floats (0 or very negative) for eager attention,
+    which adds the mask to its scores."""
+    if attention == "flex_attention":
+        return flex_block_mask(doc, segment)
+    mask = segment_mask(doc, segment)[:, None]
+    if attention != "eager":
+        return mask
+    return torch.zeros(mask.shape, device=doc.device).masked_fill_(
+        ~mask, torch.finfo(torch.float32).min
+    )
 
 
 def passes(batch: Rollout, rows: Tensor, size: int, max_tokens: int = 0, attention=None):

@@ -50,7 +50,6 @@ from rlcli.runtime.models import (
 )
 from rlcli.runtime.precision import WorkingWeights
 from rlcli.runtime.seed import seed_everything
-from rlcli.tracking.trackers import RecordingScorer
 from rlcli.train.critic import make_critic
 from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.learner import objective_from_config
@@ -78,7 +77,7 @@ class Run:
     render: PromptRenderer  # a question as the prompt the sampler is given
     collector: Collector  # each step's sampled, scored and shaped batch
     # Keeps what it scores while recording (the loop's table of samples)
-    scorer: RecordingScorer
+    scorer: Scorer
     objective: Objective
     estimator: Piece  # algo.advantage's, resolved once
     advantage_settings: dict  # its settings given in algo.advantage_settings
@@ -93,14 +92,10 @@ class Run:
     step: int = 0  # optimiser steps done (more than 0 when resumed from a checkpoint)
 
 
-def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
-    """Everything a run needs; from `checkpoint`, the state of the run that saved it."""
-    t, algo = cfg.trainer, cfg.algo
-    # Under torchrun each rank samples its own responses, so each draws its own numbers.
-    seed_everything(t.seed + distributed.rank())
-    device = distributed.init(pick_device(t.device))
-    # Data and reward first: a bad data file or reward function should fail before minutes
-    # of model loading.
+def _problems(cfg: Config) -> tuple[list, list]:
+    """The training and held-out problems; a warning when evaluations are asked for and none
+    are held out."""
+    t = cfg.trainer
     train_set, test_set = load_splits(cfg.data)
     if t.eval_every and not test_set and distributed.is_main():
         # Said once here; the loop then skips every evaluation (no held-out problems).
@@ -109,79 +104,47 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
             "problems (data.num_test=0 and no data.test_path), so nothing is evaluated during "
             "training; hold some out with data.num_test=N or give data.test_path=FILE."
         )
-    ptx_texts = read_texts(algo.ptx_path) if algo.ptx_coef > 0 else []
-    scorer = Scorer(cfg.reward, response_budget(cfg), device, t.dtype)
-    scorer.check_records(train_set, cfg.data.name)  # the record fields the rewards read
-    model_path = resolve_model_path(cfg.model, t.seed)
-    tokenizer = load_tokenizer(model_path, init_kwargs=cfg.model.init_kwargs)
-    render = prompt_renderer(cfg, tokenizer)  # the system message and tools, fixed once
-    train_set = fit_prompts(cfg, render, train_set, "training")
-    test_set = fit_prompts(cfg, render, test_set, "held-out")
-    policy = load_policy(cfg, model_path, device, checkpoint)
-    if t.attention != "auto":
-        policy.set_attn_implementation(t.attention)
-    sharded = distributed.world_size() > 1
-    compute = compute_dtype(t, device)
-    # Where the learner computes in bfloat16, its passes run over bfloat16 weights with float32
-    # masters (`runtime.precision`) rather than under autocast; a LoRA policy keeps autocast.
+    return train_set, test_set
+
+
+def _learner(cfg: Config, policy, compute: str):
+    """(the model the learner's passes run, its bfloat16 working weights or None, whether the
+    passes run under autocast). Where the learner computes in bfloat16, its passes run over
+    bfloat16 weights with float32 masters (`runtime.precision`) rather than under autocast; a
+    LoRA policy keeps autocast."""
+    t = cfg.trainer
     lora = cfg.model.lora.rank > 0
     bf16_weights = compute == "bfloat16" and t.bf16_weights and t.dtype == "float32" and not lora
     working = None
     learner = TokenLogprobModel(policy, fused_head=t.compile)
-    if sharded:
+    if distributed.world_size() > 1:
         learner = distributed.shard(learner, policy, torch.bfloat16 if bf16_weights else None)
     elif bf16_weights:
         working = WorkingWeights(policy)
         learner = TokenLogprobModel(working.model, fused_head=t.compile)
-    # beta = 0 means no KL term, so no reference model is loaded at all.
-    # Frozen, it is held in the compute dtype (half the memory).
-    # With LoRA the reference is the policy itself with its adapters off (`lora.adapters_off`).
-    reference = None
-    if algo.beta:
-        reference = (
-            policy
-            if lora
-            else load_causal_lm(
-                model_path, compute, device, False, init_kwargs=cfg.model.init_kwargs
-            )
-        )
-        if t.attention != "auto":
-            reference.set_attn_implementation(t.attention)
-    critic = critic_optimizer = None
-    estimator = advantage_piece(algo.advantage)
-    if "critic" in estimator.needs:
-        path, new_head = algo.critic_path or model_path, algo.critic_path is None
-        critic = make_critic(path, t.dtype, device, new_head, cfg.model.lora, checkpoint)
-        critic_optimizer = adamw(trainable(critic), algo.critic_lr or t.lr)
-    sampler = make_sampler(
-        SamplerSetup(
-            cfg.sampler,
-            model_path,
-            tokenizer,
-            policy,
-            device,
-            compute,
-            t.seed,
-            learner if sharded else None,
-            cfg.env,
-            trusts_remote_code(cfg.model.init_kwargs),
-        )
+    return learner, working, compute == "bfloat16" and not bf16_weights
+
+
+def _reference(cfg: Config, policy, model_path: str, compute: str, device):
+    """The frozen reference model of the KL term, in the compute dtype (half the memory), or
+    None for beta = 0 (no KL term: nothing loaded). With LoRA the reference is the policy
+    itself with its adapters off (`lora.adapters_off`)."""
+    t = cfg.trainer
+    if not cfg.algo.beta:
+        return None
+    if cfg.model.lora.rank > 0:
+        return policy
+    reference = load_causal_lm(
+        model_path, compute, device, False, init_kwargs=cfg.model.init_kwargs
     )
-    # Decided once the rest of the run is loaded, by the memory left for the activations.
-    if (recompute := checkpointing_mode(cfg, learner.lm, device)) != "none":
-        learner.lm.gradient_checkpointing_enable(checkpointing_kwargs(recompute))
-        learner.lm.train()  # transformers only checkpoints in training mode; Llama has no dropout
-        dropout_off(learner.lm)  # LoRA's has, for the learner's passes only
-    if t.compile:
-        compile_layers(learner.lm)
-    optimizer = adamw(trainable(policy if working else learner), t.lr, t.weight_decay)
-    if working is not None:
-        working.follow(optimizer)
-    scheduler = lr_schedule(optimizer, t)
-    world = distributed.world_size()
-    scorer = RecordingScorer(scorer)
-    prompts, rng = PromptStream(train_set, t.seed), random.Random(t.seed)
-    collector = Collector(
+    if t.attention != "auto":
+        reference.set_attn_implementation(t.attention)
+    return reference
+
+
+def _collector(cfg: Config, sampler, scorer, render, prompts, greedy: bool, rng) -> Collector:
+    t, algo, world = cfg.trainer, cfg.algo, distributed.world_size()
+    return Collector(
         sampler=sampler,
         scorer=scorer,
         render=render,
@@ -195,42 +158,87 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
             algo.dupo_fill,
             tuple(component_names(cfg.reward)),
         ),
-        greedy="greedy" in estimator.needs,
+        greedy=greedy,
         rng=rng,
         max_staleness=cfg.sampler.max_staleness,
         rank=distributed.rank(),
         world=world,
     )
+
+
+def _critic(cfg: Config, estimator, model_path: str, device, checkpoint: Path | None):
+    """(PPO's critic, its optimiser) for an estimator that needs one (gae), else (None, None):
+    a new value head on the policy's model, or algo.critic_path's."""
+    algo = cfg.algo
+    if "critic" not in estimator.needs:
+        return None, None
+    path, new_head = algo.critic_path or model_path, algo.critic_path is None
+    critic = make_critic(path, cfg.trainer.dtype, device, new_head, cfg.model.lora, checkpoint)
+    return critic, adamw(trainable(critic), algo.critic_lr or cfg.trainer.lr)
+
+
+def recompute_and_compile(cfg: Config, lm: torch.nn.Module, device) -> None:
+    """Gradient checkpointing as `checkpointing_mode` decides, and trainer.compile."""
+    if (recompute := checkpointing_mode(cfg, lm, device)) != "none":
+        lm.gradient_checkpointing_enable(checkpointing_kwargs(recompute))
+        lm.train()  # transformers only checkpoints in training mode; Llama has no dropout
+        dropout_off(lm)  # LoRA's has, for the learner's passes only
+    if cfg.trainer.compile:
+        compile_layers(lm)
+
+
+def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
+    """Everything a run needs; from `checkpoint`, the state of the run that saved it."""
+    t, algo = cfg.trainer, cfg.algo
+    # Under torchrun each rank samples its own responses, so each draws its own numbers.
+    seed_everything(t.seed + distributed.rank())
+    device = distributed.init(pick_device(t.device))
+    # Data and reward first: a bad data file or reward function should fail before minutes
+    # of model loading.
+    train_set, test_set = _problems(cfg)
+    ptx_texts = read_texts(algo.ptx_path) if algo.ptx_coef > 0 else []
+    budget = response_budget(cfg.sampler, cfg.env)  # the tokens after a prompt
+    scorer = Scorer(cfg.reward, budget, device, t.dtype)
+    scorer.check_records(train_set, cfg.data.name)  # the record fields the rewards read
+    model_path = resolve_model_path(cfg.model, t.seed)
+    tokenizer = load_tokenizer(model_path, init_kwargs=cfg.model.init_kwargs)
+    render = prompt_renderer(cfg.data, cfg.env, tokenizer)  # the system message, tools: once
+    train_set = fit_prompts(cfg.sampler, cfg.data.name, render, train_set, "training")
+    test_set = fit_prompts(cfg.sampler, cfg.data.name, render, test_set, "held-out")
+    policy = load_policy(cfg, model_path, device, checkpoint)
+    if t.attention != "auto":
+        policy.set_attn_implementation(t.attention)
+    compute = compute_dtype(t, device)
+    learner, working, learner_autocast = _learner(cfg, policy, compute)
+    reference = _reference(cfg, policy, model_path, compute, device)
+    estimator = advantage_piece(algo.advantage)
+    critic, critic_optimizer = _critic(cfg, estimator, model_path, device, checkpoint)
+    # Under torchrun the sampler reads the weights it pushes through the sharded learner.
+    sharded = learner if distributed.world_size() > 1 else None
+    sampler = make_sampler(
+        SamplerSetup(cfg.sampler, model_path, tokenizer, policy, device, compute, t.seed,
+                     sharded, cfg.env, trusts_remote_code(cfg.model.init_kwargs))
+    )  # fmt: skip
+    # Decided once the rest of the run is loaded, by the memory left for the activations.
+    recompute_and_compile(cfg, learner.lm, device)
+    optimizer = adamw(trainable(policy if working else learner), t.lr, t.weight_decay)
+    if working is not None:
+        working.follow(optimizer)
+    scheduler = lr_schedule(optimizer, t)
+    prompts, rng = PromptStream(train_set, t.seed), random.Random(t.seed)
+    greedy = "greedy" in estimator.needs
     run = Run(
-        cfg=cfg,
-        model_path=model_path,
-        device=device,
-        compute_dtype=compute,
-        learner_autocast=compute == "bfloat16" and not bf16_weights,
-        tokenizer=tokenizer,
-        policy=policy,
-        learner=learner,
-        reference=reference,
-        critic=critic,
-        critic_optimizer=critic_optimizer,
-        sampler=sampler,
-        scorer=scorer,
-        render=render,
-        collector=collector,
-        objective=objective_from_config(
-            algo, objective_sampler(cfg), norm_len=algo.norm_len or response_budget(cfg)
-        ),
-        estimator=estimator,
-        advantage_settings=dict(algo.advantage_settings),
-        optimizer=optimizer,
-        scheduler=scheduler,
-        prompts=prompts,
-        test_problems=test_set,
-        sas=SasTracker(),
-        beta=algo.beta,
-        ptx_texts=ptx_texts,
-        rng=rng,
-    )
+        cfg=cfg, model_path=model_path, device=device, compute_dtype=compute,
+        learner_autocast=learner_autocast, tokenizer=tokenizer, policy=policy,
+        learner=learner, reference=reference, critic=critic,
+        critic_optimizer=critic_optimizer, sampler=sampler, scorer=scorer, render=render,
+        collector=_collector(cfg, sampler, scorer, render, prompts, greedy, rng),
+        objective=objective_from_config(algo, objective_sampler(cfg.sampler, t),
+                                        norm_len=algo.norm_len or budget),
+        estimator=estimator, advantage_settings=dict(algo.advantage_settings),
+        optimizer=optimizer, scheduler=scheduler, prompts=prompts,
+        test_problems=test_set, sas=SasTracker(), beta=algo.beta, ptx_texts=ptx_texts, rng=rng,
+    )  # fmt: skip
     if checkpoint is not None:
         restore(run, checkpoint)
     return run

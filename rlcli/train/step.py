@@ -143,20 +143,34 @@ def response_advantages(rollout: Rollout, advantages: torch.Tensor) -> dict:
     return dict(zip(keys, advantages.tolist(), strict=True))
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What a step hands the loop, its one way out: the step's metrics (times in seconds),
+    every response scored for it (the table of samples), each trained response's advantage,
+    {(problem id, response text): advantage} (token-level ones: their mean over the
+    response), and, when pushing the new weights to a rollout worker failed after the update,
+    that failure: the step happened, so the loop writes it and saves it before stopping."""
+
+    metrics: dict[str, float]
+    samples: list = dataclasses.field(default_factory=list)
+    advantages: dict = dataclasses.field(default_factory=dict)
+    lost: WorkerLost | None = None
+
+
 def train_step(run: Run) -> dict[str, float]:
     """One step: sample, score, update. Returns the step's metrics (times in seconds)."""
-    return step(run)[0]
+    return step(run).metrics
 
 
-def step(run: Run) -> tuple[dict[str, float], dict]:
-    """One step: sample, score, update. Returns the step's metrics (times in seconds) and each
-    trained response's advantage, {(problem id, response text): advantage} (token-level ones:
-    their mean over the response), for samples.jsonl."""
+def step(run: Run) -> StepResult:
+    """One step: collect (sample, score, shape) -> reference and old log-probs -> advantages
+    -> learn -> push the new weights to the sampler."""
     t = run.cfg.trainer
     start = time.perf_counter()
     # With sampler.max_staleness the workers sample the next steps' batches while this one trains.
     run.scorer.at_step(run.step, t.max_steps)  # TRL's trainer_state, for reward functions
-    rollout, scores, metrics = run.collector.next_batch(steps_after=t.max_steps - run.step - 1)
+    collected = run.collector.next_batch(steps_after=t.max_steps - run.step - 1)
+    rollout, scores, metrics = collected.rollout, collected.scores, collected.metrics
     sampled = time.perf_counter()
     lengths = rollout.lengths.float()  # response tokens, tool turns left out
     rollout = left_out_of_the_loss(rollout, scores, run.cfg.algo.overlong_filter)
@@ -172,7 +186,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     try:
         run.sampler.sync(run.policy)  # the next batch is sampled with the updated weights
     except WorkerLost as err:
-        lost = err  # raised below, once the step's metrics are made
+        lost = err  # handed on with the step's results: its update is in the learner
     synced = time.perf_counter()
     metrics.update(run.sampler.metrics())
     adapt_kl_beta(run, epochs[-1].get("loss/kl", metrics.get("loss/kl")), len(rollout.texts))
@@ -207,12 +221,7 @@ def step(run: Run) -> tuple[dict[str, float], dict]:
     }
     # Identical responses to one problem get identical advantages.
     per_response = response_advantages(rollout, batch.advantages)
-    if lost is not None:
-        # This step's update is in the learner: the loop writes its metrics and saves it as
-        # done, so the resumed run neither loses nor repeats it.
-        lost.step_metrics, lost.step_advantages = step_metrics, per_response
-        raise lost
-    return step_metrics, per_response
+    return StepResult(step_metrics, collected.samples, per_response, lost)
 
 
 def left_out_of_the_loss(rollout: Rollout, scores: torch.Tensor, overlong_filter: bool) -> Rollout:
