@@ -20,6 +20,7 @@ from rlcli.data.problems import Problem, prompt_renderer, render_messages
 from rlcli.rewards.conventions import trl_prompt_and_completion
 from rlcli.runtime.models import load_tokenizer
 from rlcli.validate import compose, section
+from tests.test_conversations import data_section, write_jsonl
 
 # What SmolLM2's template (the tiny model's) puts first when a conversation has no system turn.
 SMOL_SYSTEM = (
@@ -59,16 +60,6 @@ def tool_conversation(i: int) -> list[dict]:
         {"role": "tool", "content": "5", "tool_call_id": "call_1", "name": "add"},
         {"role": "user", "content": f"And 5 + {i}?"},
     ]  # fmt: skip
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-def data_section(path: Path, **values):
-    values = {"prompt_field": "prompt", "answer_field": "solution", **values}
-    return section("data", "jsonl", path=str(path), **values)
 
 
 def load_one(tmp_path: Path, record: dict, **values) -> Problem:
