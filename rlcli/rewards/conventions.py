@@ -135,12 +135,15 @@ def trl_prompt_and_completion(prompt: str, response: str, conversation: Sequence
     for a conversation, its messages and the response as an assistant message. A conversation
     that ends with an assistant message, which the model continued, gives that message up and
     its text starts the completion (TRL's "bootstrap")."""
+    # Imported here: the reward worker imports this module, and rlcli.data would add 80 ms to
+    # each worker's start; only the parent builds the keywords.
+    from rlcli.data.problems import content_text
+
     if conversation is None:
         return prompt, response
     messages, start = list(conversation), ""
     if messages[-1]["role"] == "assistant":
-        content = messages.pop()["content"]
-        start = content if isinstance(content, str) else "".join(p["text"] for p in content)
+        start = content_text(messages.pop()["content"])
     return messages, [{"role": "assistant", "content": start + response}]
 
 
