@@ -85,7 +85,7 @@ def _job(raw, work) -> None:
     from transformers.utils import logging as hf_logging
 
     from rlcli.config import ConfigError
-    from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped
+    from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped, ctrl_c_unwrapped
     from rlcli.lifecycle.run_dir import claim, discard_unused, record_config
     from rlcli.rollout.worker_client import WorkerLost
     from rlcli.tracking.console import job_log
@@ -101,14 +101,15 @@ def _job(raw, work) -> None:
     # The console, and the libraries' chatter kept off it, go to <job>.log in the run directory.
     with job_log(run_dir / f"{hydra.job.name}.log"):
         try:
-            cfg = validate(raw)
-            # Under torchrun rank 0 holds the directory for all ranks.
-            command = f"rlcli {hydra.job.name} " + shlex.join(hydra.overrides.task)
-            holding = claim(run_dir, command, hydra_files)
-            with holding if os.environ.get("RANK", "0") == "0" else nullcontext():
-                if hydra.job.name != "train":  # train records its config once it knows it resumes
-                    record_config(run_dir, cfg, command)
-                work(cfg, run_dir)
+            with ctrl_c_unwrapped():  # a Ctrl-C a library wrapped in its own error is a Ctrl-C
+                cfg = validate(raw)
+                # Under torchrun rank 0 holds the directory for all ranks.
+                command = f"rlcli {hydra.job.name} " + shlex.join(hydra.overrides.task)
+                holding = claim(run_dir, command, hydra_files)
+                with holding if os.environ.get("RANK", "0") == "0" else nullcontext():
+                    if hydra.job.name != "train":  # train records its config once it knows
+                        record_config(run_dir, cfg, command)
+                    work(cfg, run_dir)
         except ConfigError as err:
             # Nothing is left behind: the directory this command made for a run that never
             # began goes again (under torchrun rank 0 decides for all).

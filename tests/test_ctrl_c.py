@@ -109,6 +109,32 @@ def test_ctrl_c_while_the_vllm_engine_starts(tmp_path):
     assert BEFORE_THE_LOOP.search(stderr) or "stopped by SIGINT after step 1" in stderr, stderr
 
 
+WRAPS_CTRL_C = """
+import pathlib, time
+pathlib.Path(__file__).with_suffix(".importing").touch()
+try:
+    time.sleep(120)
+except KeyboardInterrupt as err:
+    raise RuntimeError("a library's own error for a Ctrl-C") from err
+def loss(*args):
+    raise AssertionError("never reached")
+"""
+
+
+def test_ctrl_c_that_a_library_wraps_in_its_own_error_still_exits_130(tmp_path):
+    # CI caught pydantic (building vLLM's config in compiled code) turning a Ctrl-C into a
+    # SchemaError: the run printed a traceback and exited 1. A module that does the same on
+    # import stands in for it here, deterministically.
+    module = tmp_path / "wraps.py"
+    module.write_text(WRAPS_CTRL_C)
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "sampler=hf", f"algo.loss={module}:loss")
+    wait_for(module.with_suffix(".importing").exists, proc)
+    stderr, _ = interrupt(proc, [])
+    assert BEFORE_THE_LOOP.search(stderr), stderr
+    assert "RuntimeError" not in stderr
+
+
 def test_ctrl_c_while_a_rollout_worker_starts_stops_within_seconds(tmp_path):
     # It used to do nothing (SIGINT ignored until the loop): the run trained all its steps.
     run_dir = tmp_path / "run"

@@ -12,6 +12,7 @@ import math
 import shlex
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 # Exit codes of a run stopped by a signal follow the shell's 128 + signal number.
@@ -21,15 +22,39 @@ EXIT_BAD_STEPS = 3
 EXIT_WORKER_LOST = 4
 
 
+# Whether a Ctrl-C reached this process before the loop's own handler was up.
+_ctrl_c_pressed = False
+
+
+def _on_ctrl_c(signum, frame) -> None:
+    global _ctrl_c_pressed
+    _ctrl_c_pressed = True
+    raise KeyboardInterrupt
+
+
 def ctrl_c_stops() -> None:
     """Make SIGINT raise KeyboardInterrupt in this process, whatever it inherited. A job that a
     script starts in the background (`rlcli train ... &`) inherits SIGINT ignored, and Python
     then leaves it so: a Ctrl-C or `kill -INT` during model loading or a worker's start did
-    nothing, while one in the loop (whose guard sets its own handler) stopped the run."""
+    nothing, while one in the loop (whose guard sets its own handler) stopped the run. The
+    handler also notes the Ctrl-C, for `ctrl_c_unwrapped`."""
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _on_ctrl_c)
     except ValueError:  # not the main thread (an embedding program's): its signals, its call
         pass
+
+
+@contextmanager
+def ctrl_c_unwrapped():
+    """An error raised after a Ctrl-C is that Ctrl-C: some libraries turn the KeyboardInterrupt
+    into an error of their own (pydantic, building vLLM's config in compiled code, raises a
+    SchemaError), which would otherwise end the run with a traceback and exit 1."""
+    try:
+        yield
+    except Exception as err:
+        if _ctrl_c_pressed:
+            raise KeyboardInterrupt from err
+        raise
 
 
 def interruptible(command, argv: list[str]) -> None:
