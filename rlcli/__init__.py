@@ -5,9 +5,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 # PyTorch's CPU allocator backs tensors of 2 MB or more with transparent huge pages when this is
 # set; it reads it once, at torch's first allocation, so it is set here, before torch loads.
-# Each fresh large tensor is otherwise faulted in 4 KB at a time: a new 113 MB tensor (the size
-# of SmolLM2's LM-head gradient) took 47 ms against 11 ms on a 2-core VM, and the learner makes
-# several each pass (docs/performance.md).
+# Each fresh large tensor is otherwise faulted in 4 KB at a time, which is slower, and the
+# learner makes several each pass (see docs/performance.md, "What the learner does").
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 try:  # the version in pyproject.toml, as installed

@@ -87,7 +87,7 @@ def _job(raw, work) -> None:
     from rlcli.config import ConfigError
     from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped, ctrl_c_unwrapped
     from rlcli.lifecycle.run_dir import claim, discard_unused, record_config
-    from rlcli.rollout.worker_client import WorkerLost
+    from rlcli.rollout.workers.client import WorkerLost
     from rlcli.tracking.console import job_log
     from rlcli.validate import validate
 
@@ -301,7 +301,7 @@ def _help(topic: str | None, overrides: list[str]) -> None:
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.help import HelpInput, check_topic, help_text
     from rlcli.recipes import find_recipes
-    from rlcli.train.objective_config import describe_pieces
+    from rlcli.train.pieces_help import describe_pieces
     from rlcli.validate import with_default_sampler
 
     try:

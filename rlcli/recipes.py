@@ -1,20 +1,11 @@
 """Paper setups: the YAML files in `recipes/`, the `recipe=NAME` config group, `rlcli recipes`.
 
 A recipe is a config of the package `_global_`: it picks group choices in its defaults list
-(`override /algo: dapo`) and sets any field of any group (`trainer.lr: 1.0e-6`). Its name is
-its path under `recipes/` without `.yaml`: `recipes/dapo_qwen32b.yaml` is
-`recipe=dapo_qwen32b`, its CPU twin `recipes/cpu/dapo_qwen32b.yaml` is `recipe=cpu/dapo_qwen32b`.
-
-How `recipe=` reaches Hydra: Hydra looks a group up as a folder named after it on its search
-path, and the folder here is `recipes/` (named for what it holds, next to `conf/`), so
-`register_recipes` stores each file in Hydra's ConfigStore as a choice of the group `recipe`.
-`conf/config.yaml` lists `- recipe: null` after `_self_`, so a recipe overrides the groups'
-defaults and `rlcli train`'s own, and the command line overrides the recipe. A recipe that
-needs a file shipped next to it names it `${recipe_file:data/pretraining_sample.txt}`, which
-resolves to an absolute path inside `recipes/`, so it works from any working directory.
-
-Every recipe starts with a comment block: the command that runs it, then the first line of
-its description (what `rlcli recipes` prints), then the paper, its result and the hardware.
+(`override /algo: dapo`) and sets any field of any group (`trainer.lr: 1.0e-6`); the command line
+overrides it. Its name is its path under `recipes/` without `.yaml`:
+`recipes/cpu/dapo_qwen32b.yaml` is `recipe=cpu/dapo_qwen32b`. `register_recipes` makes them a Hydra
+group; `find_recipes` reads their headers, which `rlcli recipes` lists and scripts/make_docs.py
+turns into docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -65,7 +56,10 @@ class Recipe:
 
 
 def read_recipe(path: Path, root: Path = RECIPES_DIR) -> Recipe:
-    """The recipe at `path`; its command and description come from its leading comments."""
+    """The recipe at `path`; its command and description come from its leading comments.
+    Every recipe starts with a comment block: the command that runs it, then the first line of
+    its description (what `rlcli recipes` prints), then the paper, its result and the
+    hardware."""
     header = []
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
@@ -89,7 +83,14 @@ def find_recipes(root: Path = RECIPES_DIR) -> list[Recipe]:
 def register_recipes(root: Path = RECIPES_DIR) -> list[Recipe]:
     """Make `recipe=NAME` a Hydra group choice for every recipe file; return the recipes.
 
-    Safe to call again: a stored config is replaced by the same one.
+    Hydra looks a group up as a folder named after it on its search path, and the folder here
+    is `recipes/` (named for what it holds, next to `conf/`), so each file is stored in Hydra's
+    ConfigStore as a choice of the group `recipe`. `conf/config.yaml` lists `- recipe: null`
+    after `_self_`, so a recipe overrides the groups' defaults and `rlcli train`'s own, and the
+    command line overrides the recipe. A recipe that needs a file shipped next to it names it
+    `${recipe_file:data/pretraining_sample.txt}`, which resolves to an absolute path inside
+    `recipes/`, so it works from any working directory. Safe to call again: a stored config is
+    replaced by the same one.
     """
     from hydra.core.config_store import ConfigStore
 

@@ -2,12 +2,9 @@
 from (`sampler.urls=[http://this-node:PORT]`) and pushes weights to.
 
 It takes the same overrides as `rlcli train` (model, sampler, trainer.dtype), prints the
-`vllm serve` command it runs, and replaces itself with it, so the worker is plain vLLM. It
-holds the weights in the dtype a worker the learner starts would (bfloat16 where this device
-computes in it natively, as the learner does; `compute_dtype`), and the learner asks it which
-before it pushes, so the push sends no more bytes than the worker keeps. A
-port it cannot listen on is a ConfigError before then: vLLM would find out only after
-loading the model, with a traceback.
+`vllm serve` command it runs, and replaces itself with it (`serve`), so the worker is plain
+vLLM. A port it cannot listen on is a ConfigError before then (`check_port`): vLLM would find
+out only after loading the model, with a traceback.
 """
 
 from __future__ import annotations
@@ -42,7 +39,11 @@ def check_port(port: int) -> None:
 
 
 def serve(cfg: Config, run_dir) -> None:
-    from rlcli.rollout.worker_processes import server_command
+    """Replace this process with the worker's `vllm serve`. It holds the weights in the dtype a
+    worker the learner starts would (bfloat16 where this device computes in it natively, as
+    the learner does; `compute_dtype`), and the learner asks it which before it pushes, so the
+    push sends no more bytes than the worker keeps."""
+    from rlcli.rollout.workers.processes import server_command
     from rlcli.runtime.init_kwargs import trusts_remote_code
     from rlcli.runtime.models import compute_dtype, pick_device, resolve_model_path
 

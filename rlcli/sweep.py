@@ -1,23 +1,12 @@
 """Sweep summaries: after `rlcli train -m ...`, one row per job and every job's reward curve.
 
-`write_summary(sweep_dir)` writes into the sweep directory
-- `summary.csv` and `summary.md`: per job its overrides, steps, final and best reward
-  (`reward/mean`; DPO: `reward/accuracy`), held-out accuracy (the last `eval/accuracy`, else
-  `accuracy` of the job's eval.json), training time (the sum of `time/step`) and the mean
-  `throughput/tokens_per_s`; a job that wrote no metrics (it failed) has empty cells;
-- `summary.png`: every job's reward curve on one chart, and its held-out accuracy beside
-  it when the jobs evaluated during training (`trainer.eval_every`);
-- in `summary.md`, when jobs differ only in `trainer.seed` (`-m trainer.seed=0,1,2 ...`), a
-  table over seeds: per config the mean and 95% interval of held-out accuracy and final reward,
-  so a difference can be told from seed noise.
-
-`SweepSummary` is the Hydra callback (registered under `hydra.callbacks` in conf/config.yaml)
-that calls it. A job is any directory under the sweep holding Hydra's `.hydra/overrides.yaml`.
-
-Each job's directory is named by `job_dirname` (the `rlcli_job_dirname` resolver in
-`hydra.sweep.subdir`): its number and the overrides that vary across the sweep, shortened
-(`1_algo=dapo,lr=0.01`); `rlcli train -m` passes the ones that do not vary in
-`hydra.job.config.override_dirname.exclude_keys` (`fixed_keys_override`).
+`write_summary(sweep_dir)` writes `summary.csv`, `summary.md` (with a table over seeds when the
+jobs differ only in `trainer.seed`) and `summary.png` into the sweep directory; docs/tracking.md
+says what each holds. `SweepSummary` is the Hydra callback (under `hydra.callbacks` in
+conf/config.yaml) that calls it; a job is any directory under the sweep holding Hydra's
+`.hydra/overrides.yaml`. Each job's directory is named by `job_dirname` (the `rlcli_job_dirname`
+resolver in `hydra.sweep.subdir`) from the overrides that vary across the sweep, which
+`rlcli train -m` tells from the fixed ones (`fixed_keys_override`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Validating a composed config: types, unknown keys, allowed values, ranges, combinations.
 
 Above every registry, whose keys are the valid choices (`ADVANTAGES`, `RATIOS`, `LOSSES`,
-`DATASETS`, `COMPONENTS`, `SAMPLERS`, `TRAINERS`, ...), below the entry points that call it.
+`DATASETS`, `COMPONENTS`, `TRAINERS`, ...), below the entry points that call it.
 `validate` returns the typed config or raises `ConfigError` with a message meant for the user
 (cli.py prints it without a traceback); `compose` is the config `rlcli train OVERRIDES` would
 run, for Python; `section` is one group's typed values. Each section's own checks sit beside
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from rlcli.config.schema import CONF_DIR, VLLM_HEAD_SIZES, Config, ConfigError
+from rlcli.config.schema import CONF_DIR, Config, ConfigError
 
 
 def _choices() -> dict[str, list[str]]:
@@ -28,7 +28,7 @@ def _choices() -> dict[str, list[str]]:
     from rlcli.data import DATASETS
     from rlcli.data.answers import ANSWER_FORMATS
     from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
-    from rlcli.rollout.samplers import SAMPLERS
+    from rlcli.rollout.backends import backend_names
     from rlcli.train.loop import TRAINERS
 
     return {
@@ -38,7 +38,7 @@ def _choices() -> dict[str, list[str]]:
         "algo.clip": sorted(CLIP_BOUNDS),
         "algo.kl": sorted(KL_ESTIMATORS),
         "algo.aggregation": sorted(AGGREGATIONS),
-        "sampler.name": sorted(SAMPLERS),
+        "sampler.name": backend_names(),
         "sampler.old_logp": ["auto", "learner", "sampler"],
         "sampler.long_prompts": ["error", "drop"],
         "model.source": ["smollm2_gguf", "tiny", "hub"],
@@ -53,7 +53,7 @@ def _choices() -> dict[str, list[str]]:
 
 def _check_reward(cfg: Config) -> None:
     from rlcli.rewards.components import check_reward_config
-    from rlcli.train.objective_config import needs
+    from rlcli.train.objective_checks import needs
 
     r = cfg.reward
     check_reward_config(r, cfg.sampler.max_new_tokens)
@@ -88,22 +88,15 @@ def _check_ranges(cfg: Config) -> None:
     from rlcli.data import check_data
     from rlcli.data.pairs import check_pairs
     from rlcli.rewards.components import component_names
-    from rlcli.rollout.samplers import check_sampler
+    from rlcli.rollout.backends import check_sampler
     from rlcli.runtime.models import check_model
     from rlcli.tracking.trackers import check_backends
-    from rlcli.train.objective_config import check_pieces
+    from rlcli.train.objective_checks import check_pieces
     from rlcli.train.schedule import check_trainer
 
     trainer, sampler, model, algo = cfg.trainer, cfg.sampler, cfg.model, cfg.algo
     check_trainer(trainer)
-    check_sampler(sampler)
-    head = model.tiny_hidden // max(model.tiny_heads, 1)
-    if sampler.name == "vllm" and model.source == "tiny" and head not in VLLM_HEAD_SIZES:
-        raise ConfigError(
-            f"model.tiny_hidden={model.tiny_hidden} / model.tiny_heads={model.tiny_heads}"
-            f" gives attention heads of size {head}, which vLLM's kernels do not support; "
-            f"choose a head size in {list(VLLM_HEAD_SIZES)} or use sampler=hf."
-        )
+    check_sampler(sampler, model)
     _check_world(cfg)
     check_model(model, trainer)  # model.init_kwargs.attn_implementation vs trainer.attention
     check_pieces(cfg)
@@ -146,7 +139,7 @@ def _check_finite(value, key: str = "") -> None:
 
 def _check_world(cfg: Config) -> None:
     """Under torchrun (WORLD_SIZE > 1): what data-parallel training supports."""
-    from rlcli.train.objective_config import choose_over_minibatch, needs
+    from rlcli.train.objective_checks import choose_over_minibatch, needs
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
@@ -202,7 +195,7 @@ def validate(raw: DictConfig) -> Config:
     _check_finite(cfg)
     _check_ranges(cfg)
     from rlcli.env.tools import check_env
-    from rlcli.rollout.worker_processes import check_worker_settings
+    from rlcli.rollout.workers.processes import check_worker_settings
     from rlcli.runtime.models import check_device
     from rlcli.train.schedule import check_lr_schedule
 
@@ -211,16 +204,25 @@ def validate(raw: DictConfig) -> Config:
     check_worker_settings(cfg.sampler)  # sampler.urls, worker_timeout_s, serve_port
     check_lr_schedule(cfg.trainer)  # trainer.lr_scheduler and its settings
     # cfg goes back as the user wrote it: `sampler.old_logp=auto` is resolved where it is read
-    # (`rollout.samplers.resolved_old_logp`), so config.yaml shows `auto`.
+    # (`rollout.backends.resolved_old_logp`), so config.yaml shows `auto`.
     return cfg
 
 
 def with_default_sampler(overrides: Sequence[str]) -> list[str]:
-    """`overrides`, plus `sampler=hf` when none is chosen and vLLM (the default) is absent."""
+    """`overrides`, plus the first sampler backend that needs nothing installed when none is
+    chosen and the default one's package is absent (vLLM's, on a machine without it)."""
+    from omegaconf import OmegaConf
+
+    from rlcli.rollout.backends import backend, backend_names
+
     overrides = list(overrides)
-    chosen = any(o.lstrip("+~").split("=")[0] == "sampler" for o in overrides)
-    if not chosen and importlib.util.find_spec("vllm") is None:
-        overrides.append("sampler=hf")
+    if any(o.lstrip("+~").split("=")[0] == "sampler" for o in overrides):
+        return overrides
+    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
+    default = next(d["sampler"] for d in defaults if "sampler" in d)
+    package = backend(default).package
+    if package and importlib.util.find_spec(package) is None:
+        overrides.append(f"sampler={next(n for n in backend_names() if not backend(n).package)}")
     return overrides
 
 

@@ -837,7 +837,7 @@ def rollout_worker_that_is_none(tmp: Path) -> str | None:
     """A rollout worker in sampler.urls that answers HTML, `{}` or HTTP 500, or is not there.
     It exits 4 before training, naming the worker and what it answered (a 5xx or a refused
     connection is retried with backoff first); no checkpoint is written."""
-    from rlcli.rollout.worker_processes import free_port
+    from rlcli.rollout.workers.processes import free_port
 
     answers = {
         "html": (200, "text/html", "<html><body>Welcome to nginx!</body></html>"),
@@ -892,8 +892,8 @@ def worker_killed_in_the_weight_push(tmp: Path) -> str | None:
     the resumed run goes on at step 3, so every step is in metrics.jsonl once."""
     import signal
 
-    from rlcli.rollout.weight_push import ParameterSource
-    from rlcli.rollout.workers import WorkerSampler
+    from rlcli.rollout.workers.sampler import WorkerSampler
+    from rlcli.rollout.workers.weight_push import ParameterSource
 
     samplers, pushes = [], []
     push, parameters = WorkerSampler._push, ParameterSource.__iter__

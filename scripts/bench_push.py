@@ -37,7 +37,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from rlcli.rollout.worker_client import held_dtype, worker_session
+    from rlcli.rollout.workers.client import held_dtype, worker_session
     from rlcli.runtime.lora import sampler_weight_shapes
     from rlcli.train.run import setup
     from rlcli.validate import compose

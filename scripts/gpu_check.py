@@ -43,7 +43,8 @@ from rlcli.rollout.batch import rollout_from_tokens
 from rlcli.runtime.models import adamw
 from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import TokenLogprobModel
-from rlcli.train.learner import UpdatePlan, learn, objective_from_config
+from rlcli.train.learner import UpdatePlan, learn
+from rlcli.train.objective_config import objective_from_config
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from rlcli.validate import compose

@@ -302,7 +302,8 @@ def simulate(shape: dict, tokens: int, passes: int, setup: Setup) -> dict:
     from rlcli.train import learner as learner_module
     from rlcli.train import passes as passes_module
     from rlcli.train.forward import TokenLogprobModel
-    from rlcli.train.learner import UpdatePlan, learn, objective_from_config
+    from rlcli.train.learner import UpdatePlan, learn
+    from rlcli.train.objective_config import objective_from_config
     from rlcli.validate import compose
 
     config = AutoConfig.for_model("qwen2", **shape)

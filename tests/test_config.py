@@ -131,7 +131,7 @@ def sampler_and_trainer(overrides: list[str]):
 def test_old_logp_auto_corrects_the_mismatch_only_where_compute_is_bfloat16():
     import torch
 
-    from rlcli.rollout.samplers import resolved_old_logp
+    from rlcli.rollout.backends import resolved_old_logp
     from rlcli.runtime.models import has_fast_bf16
 
     bf16_here = has_fast_bf16(torch.device("cpu"))

@@ -13,7 +13,8 @@ from rlcli.runtime.models import load_causal_lm
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import TokenLogprobModel
-from rlcli.train.learner import UpdatePlan, learn, objective_from_config
+from rlcli.train.learner import UpdatePlan, learn
+from rlcli.train.objective_config import objective_from_config
 from rlcli.train.passes import plan_micro_batches
 from rlcli.validate import section
 

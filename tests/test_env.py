@@ -22,7 +22,7 @@ from rlcli.recipes import RECIPES_DIR
 from rlcli.rollout.multiturn import EpisodeSampler
 from rlcli.runtime.models import load_tokenizer
 from rlcli.train.loop import train
-from rlcli.train.objective_config import start_warnings
+from rlcli.train.start_warnings import start_warnings
 from rlcli.validate import compose, section
 from tests.conftest import tiny
 
@@ -436,7 +436,7 @@ def test_tool_failures_are_counted_per_batch():
 def test_tool_tokens_get_no_gradient_and_do_not_move_the_loss(algo):
     from rlcli.ops.objective import policy_objective
     from rlcli.ops.policy_loss import StepCounts
-    from rlcli.train.learner import objective_from_config
+    from rlcli.train.objective_config import objective_from_config
 
     cfg = compose([f"algo={algo}", "algo.beta=0.04", "algo.kl_in=loss", "algo.entropy_coef=0.01"])
     objective = objective_from_config(cfg.algo, cfg.sampler, norm_len=16)

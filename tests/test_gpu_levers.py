@@ -15,7 +15,8 @@ from rlcli.runtime import memory
 from rlcli.runtime.memory import checkpointing_kwargs
 from rlcli.runtime.models import compile_layers
 from rlcli.train.forward import TokenLogprobModel
-from rlcli.train.learner import UpdatePlan, learn, objective_from_config, read_once
+from rlcli.train.learner import UpdatePlan, learn, read_once
+from rlcli.train.objective_config import objective_from_config
 from rlcli.train.run import checkpointing_mode, setup
 from rlcli.validate import compose
 from tests.conftest import tiny

@@ -58,7 +58,8 @@ def test_bad_pieces_and_settings_are_named_before_loading(overrides, message):
 
 
 def test_a_users_loss_brings_its_mini_batch_selection_as_an_attribute():
-    from rlcli.train.objective_config import loss_piece, objective_from_config
+    from rlcli.train.objective_config import objective_from_config
+    from rlcli.train.pieces_chosen import loss_piece
 
     cfg = compose([*TINY_ANY_ALGO, "algo.loss=tests/fixtures/my_losses.py:frozen_selection"])
     piece = loss_piece(cfg.algo.loss)
@@ -71,7 +72,7 @@ def test_a_failed_reward_is_left_out_of_a_users_estimators_group_by_the_caller()
     # caller estimates a group with one from its scored responses alone.
     from rlcli.ops.advantages import AdvantageInputs
     from rlcli.ops.estimate import estimate
-    from rlcli.train.objective_config import advantage_piece
+    from rlcli.train.pieces_chosen import advantage_piece
 
     nan = float("nan")
     scores = torch.tensor([1.0, nan, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0, nan, nan, nan, 1.0])
@@ -82,3 +83,18 @@ def test_a_failed_reward_is_left_out_of_a_users_estimators_group_by_the_caller()
     advantages, _ = estimate(advantage_piece(ADVANTAGE.split("=")[1]), {"scale": 2.0}, x)
     # a: mean of (1, 0, 0.5) is 0.5; b: complete, mean 0.25; c: one scored response, no baseline
     assert advantages.tolist() == [1.0, 0.0, -1.0, 0.0, 1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0]
+
+
+def test_a_users_estimator_keeps_its_state_across_steps_and_in_the_checkpoint(tmp_path):
+    import json
+
+    from rlcli.train.loop import train
+
+    history = "algo.advantage=tests/fixtures/my_losses.py:centred_on_history"
+    cfg = compose([*TINY_ANY_ALGO, history, "trainer.prompts_per_step=2", "trainer.group_size=2",
+                   "trainer.max_steps=2"])  # fmt: skip
+    train(cfg, tmp_path)
+    saved = json.loads((tmp_path / "checkpoints/step_2/trainer_state.json").read_text())
+    assert saved["estimator_state"]["count"] == 8  # 2 steps x 4 responses, the trial not among them
+    run = setup(compose([*TINY_ANY_ALGO, history]))
+    assert run.estimator_state.count == 0  # a new run starts afresh

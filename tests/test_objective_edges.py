@@ -15,7 +15,7 @@ from rlcli.ops.losses import LOSSES
 from rlcli.ops.objective import policy_objective
 from rlcli.ops.pieces import PieceError
 from rlcli.ops.policy_loss import StepCounts
-from rlcli.train.learner import objective_from_config
+from rlcli.train.objective_config import objective_from_config
 from rlcli.validate import compose, section
 from tests.conftest import tiny
 
@@ -280,7 +280,7 @@ def test_an_own_loss_that_writes_into_its_inputs_changes_nothing_else(tmp_path):
 
 
 def test_an_own_loss_failing_during_a_step_is_a_piece_error_naming_it(tmp_path):
-    from rlcli.train.objective_config import loss_piece
+    from rlcli.train.pieces_chosen import loss_piece
 
     own = tmp_path / "own.py"
     own.write_text(OWN)

@@ -224,7 +224,7 @@ def test_constant_group_exactly_zero(name):
     rewards = torch.tensor([0.9] * 16 + [0.3] * 16)
     inputs = AdvantageInputs(
         scores=rewards, kl_penalty=torch.zeros(32, 1), mask=torch.ones(32, 1), group_size=16,
-        prompt_ids=["a"] * 16 + ["b"] * 16, sas=SasTracker(),
+        prompt_ids=["a"] * 16 + ["b"] * 16, state=SasTracker(),
     )  # fmt: skip
     advantages, returns = ADVANTAGES[name](inputs)
     assert torch.equal(advantages, torch.zeros(32)) and returns is None
@@ -238,7 +238,9 @@ def test_a_group_with_one_scored_response_gets_zero_advantages(name):
     scores = torch.tensor([1.0, float("nan"), 1.0, 0.0])
     ones = torch.ones(4, 1)
     ids = ["a", "a", "b", "b"]
-    inputs = AdvantageInputs(scores, ones * 0, ones, group_size=2, prompt_ids=ids, sas=SasTracker())
+    inputs = AdvantageInputs(
+        scores, ones * 0, ones, group_size=2, prompt_ids=ids, state=SasTracker()
+    )
     advantages, _ = estimate(ADVANTAGES[name], {}, inputs)  # the caller handles failed rewards
     assert torch.equal(advantages[:2], torch.zeros(2))
     assert advantages[2] > 0 > advantages[3]
@@ -478,7 +480,7 @@ def test_the_decoupled_objective_masks_what_truncation_caps():
     # loss is -A * w, so the mean over 3 tokens is -(1 + 1.5 + w3)/3 with A = 1: truncation
     # w3 = 2, masking w3 = 0. The token leaves the numerator, not the denominator.
     from rlcli.ops.objective import policy_objective
-    from rlcli.train.learner import objective_from_config
+    from rlcli.train.objective_config import objective_from_config
     from rlcli.validate import section
 
     logp = torch.tensor([[0.0, math.log(1.5), math.log(3.0)]]) - 2.0
@@ -528,7 +530,7 @@ def test_with_staleness_zero_the_asynchronous_objective_is_the_synchronous_one()
     # weights (staleness 0, no rounding gap) the weight is exactly 1, so the loss and its
     # gradient equal those of the synchronous objective bit for bit.
     from rlcli.ops.objective import policy_objective
-    from rlcli.train.learner import objective_from_config
+    from rlcli.train.objective_config import objective_from_config
     from rlcli.validate import section
 
     g = torch.Generator().manual_seed(3)

@@ -287,14 +287,14 @@ def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
     )
     collected = run.collector.next_batch()
     batch, scores = collected.rollout, collected.scores
-    ends = ~batch.step_rewards.isnan()
+    ends = ~batch.estimator_inputs["step_rewards"].isnan()
     assert ends.sum() > len(batch.texts)  # several steps per response on average
     assert not (ends & ~batch.response_mask.bool()).any()
     mask = batch.response_mask
     inputs = AdvantageInputs(
         scores=scores, kl_penalty=torch.zeros(mask.shape), mask=mask,
         group_size=run.cfg.trainer.group_size, prompt_ids=batch.prompt_ids,
-        step_rewards=batch.step_rewards,
+        step_rewards=batch.estimator_inputs["step_rewards"],
     )  # fmt: skip
     advantages, _ = ADVANTAGES["grpo_process"](inputs)
     assert advantages.shape == batch.response_mask.shape

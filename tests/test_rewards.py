@@ -356,7 +356,7 @@ def test_missing_rewards_are_left_out_of_group_statistics():
     rewards = torch.tensor([[1.0, nan, 0.0, 0.5], [1.0, 1.0, 1.0, 1.0], [nan, nan, 0.0, 1.0]])
     inputs = AdvantageInputs(
         scores=rewards.flatten(), kl_penalty=torch.zeros(12, 1), mask=torch.ones(12, 1),
-        group_size=4, prompt_ids=[i for i in "abc" for _ in range(4)], sas=SasTracker(),
+        group_size=4, prompt_ids=[i for i in "abc" for _ in range(4)], state=SasTracker(),
     )  # fmt: skip
     advantages, _ = estimate(ADVANTAGES["grpo"], {}, inputs)  # which handles failed rewards
     advantages = advantages.view(3, 4)

@@ -17,10 +17,10 @@ import torch
 from rlcli.collect.sampling import frozen_sampling
 from rlcli.config import ConfigError
 from rlcli.data import load_splits
-from rlcli.rollout.vllm_engine import sampling_settings
-from rlcli.rollout.worker_client import WorkerClient
-from rlcli.rollout.worker_processes import server_command
-from rlcli.rollout.workers import WorkerSampler
+from rlcli.rollout.vllm_shared import sampling_settings
+from rlcli.rollout.workers.client import WorkerClient
+from rlcli.rollout.workers.processes import server_command
+from rlcli.rollout.workers.sampler import WorkerSampler
 from rlcli.runtime.models import load_causal_lm, load_tokenizer
 from rlcli.validate import compose
 from tests.conftest import tiny

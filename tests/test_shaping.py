@@ -159,6 +159,6 @@ def test_dcpo_state_is_saved_with_checkpoints(tmp_path):
     )
     train(cfg, tmp_path)
     state = json.loads((tmp_path / "checkpoints" / "step_2" / "trainer_state.json").read_text())
-    visits = state["sas"]["states"]
+    visits = state["estimator_state"]["states"]
     assert sum(count for count, _, _ in visits.values()) == 4  # 2 steps x 2 prompts
     assert state["data_position"] == 4

@@ -11,7 +11,7 @@ from rlcli.collect.batches import staleness_metrics
 from rlcli.collect.stream import RoundsAhead
 from rlcli.data.problems import Problem, PromptStream
 from rlcli.rollout.batch import rollout_from_tokens
-from rlcli.rollout.worker_client import read_answer, token_versions
+from rlcli.rollout.workers.client import read_answer, token_versions
 
 PROBLEMS = [Problem(f"p{i}", f"question {i}", str(i)) for i in range(10)]
 
@@ -128,7 +128,7 @@ def test_a_workers_weight_versions_become_one_per_token():
 def test_the_busy_clock_counts_requests_in_flight_but_not_a_pushs_pause():
     import time
 
-    from rlcli.rollout.worker_client import BusyClock
+    from rlcli.rollout.workers.client import BusyClock
 
     clock = BusyClock(1)
     time.sleep(0.2)  # idle

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlcli.rollout.vllm_notices import quiet_routine_notices
+from rlcli.rollout.vllm_shared import quiet_routine_notices
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,10 +24,12 @@ import torch
 
 from rlcli.cli import main
 from rlcli.config import ConfigError
-from rlcli.rollout import weight_push, worker_client, workers
-from rlcli.rollout.worker_client import RETRIES, WorkerLost
-from rlcli.rollout.worker_processes import free_port
-from rlcli.rollout.workers import WorkerSampler
+from rlcli.rollout.workers import client as worker_client
+from rlcli.rollout.workers import sampler as workers
+from rlcli.rollout.workers import weight_push
+from rlcli.rollout.workers.client import RETRIES, WorkerLost
+from rlcli.rollout.workers.processes import free_port
+from rlcli.rollout.workers.sampler import WorkerSampler
 from rlcli.runtime.models import load_tokenizer
 from rlcli.validate import compose
 from tests.conftest import tiny
@@ -479,13 +481,13 @@ STUCK_SERVER = """
 import os, signal, subprocess, sys, time
 child = '''
 import signal, time
-from rlcli.rollout import worker_processes
+from rlcli.rollout.workers import processes
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-worker_processes.END_GRACE_S = 0.5
-worker_processes.watch_learner()
+processes.END_GRACE_S = 0.5
+processes.watch_learner()
 time.sleep(60)
 '''
-from rlcli.rollout.worker_processes import LEARNER_PID
+from rlcli.rollout.workers.processes import LEARNER_PID
 env = {**os.environ, LEARNER_PID: str(os.getpid())}
 server = subprocess.Popen([sys.executable, "-c", child], env=env, start_new_session=True)
 print(server.pid, flush=True)

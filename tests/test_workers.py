@@ -24,11 +24,11 @@ import torch
 
 from rlcli.cli import main
 from rlcli.config import ConfigError
-from rlcli.rollout.samplers import resolved_old_logp
-from rlcli.rollout.weight_push import ParameterSource
-from rlcli.rollout.worker_client import held_dtype, not_a_worker, worker_session
-from rlcli.rollout.worker_processes import worker_gpus
-from rlcli.rollout.workers import WorkerSampler
+from rlcli.rollout.backends import resolved_old_logp
+from rlcli.rollout.workers.client import held_dtype, not_a_worker, worker_session
+from rlcli.rollout.workers.processes import worker_gpus
+from rlcli.rollout.workers.sampler import WorkerSampler
+from rlcli.rollout.workers.weight_push import ParameterSource
 from rlcli.train.forward import batch_logprobs
 from rlcli.train.run import setup
 from rlcli.train.step import step, train_step
@@ -335,8 +335,8 @@ def test_a_worker_killed_mid_stream_stops_the_run_with_a_checkpoint_to_resume_fr
 # would) a few tensors into step 3's weight push: the setup's push is the first.
 KILLED_IN_STEP_3_PUSH = """
 import os, signal, sys
-from rlcli.rollout.weight_push import ParameterSource
-from rlcli.rollout.workers import WorkerSampler
+from rlcli.rollout.workers.weight_push import ParameterSource
+from rlcli.rollout.workers.sampler import WorkerSampler
 pushes, push, tensors = [], WorkerSampler._push, ParameterSource.__iter__
 def counted(self, policy, version):
     pushes.append(version)

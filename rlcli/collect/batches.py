@@ -2,14 +2,10 @@
 shaped as the algorithm asks, with the reward's metrics.
 
 `Collector.next_batch()` draws the step's problems (this rank's share under torchrun), samples
-a group for each through the run's sampler, scores every response, and shapes the batch:
-DAPO's dynamic sampling keeps only groups whose `algo.filter_metric` differs and samples more
-prompts until the batch is full; DUPO replaces zero-signal groups by duplicates of
-informative ones; ReMax's greedy baselines are sampled and scored beside them. It is handed
-the pieces it uses, not the whole config. With `sampler.max_staleness` >= 1 its rounds come
-from the ones the workers sample ahead (`collect.stream.RoundsAhead`), and each step says
-how old its tokens are (`staleness_metrics`). It hands on one `Collected`: the batch, its
-scores and metrics, and every response it scored.
+a group for each through the run's sampler (or takes the round the workers sampled ahead,
+`collect.stream.RoundsAhead`), scores every response and shapes the batch (DAPO's dynamic
+sampling, DUPO's duplicates, ReMax's greedy baselines). It hands on one `Collected`, and is
+handed the pieces it uses, not the whole config.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from rlcli.env.episode import episode_metrics
 from rlcli.rewards.scored import ScoredSample, scored_samples
 from rlcli.rewards.scorer import Sample, Scores
 from rlcli.rollout.batch import Rollout, concat_rollouts, select_rows
-from rlcli.rollout.samplers import Sampler
+from rlcli.rollout.contract import Sampler
 
 
 @dataclass(frozen=True)
@@ -105,14 +101,17 @@ class Collector:
         prompts_per_step: int,  # this rank's share
         group_size: int,
         shaping: Shaping,
-        greedy: bool,  # also a greedy response per prompt, scored (ReMax's baseline)
+        # What the advantage estimator needs of the batch (its `needs`): "greedy" adds a
+        # greedy response per prompt, scored (ReMax's baseline), as `greedy_scores`.
+        needs: frozenset[str],
         rng: random.Random,  # DUPO's choice of groups to duplicate
         max_staleness: int = 0,  # >= 1: rounds sampled that many steps ahead (RoundsAhead)
         rank: int = 0,
         world: int = 1,
     ):
         self.sampler, self.scorer, self.render, self.prompts = sampler, scorer, render, prompts
-        self.P, self.G, self.shaping, self.greedy = prompts_per_step, group_size, shaping, greedy
+        self.P, self.G, self.shaping = prompts_per_step, group_size, shaping
+        self.greedy = "greedy" in needs
         self.rng, self.rank, self.world = rng, rank, world
         self.max_staleness = max_staleness
         self.ahead = (
@@ -154,7 +153,8 @@ class Collector:
         if greedy is not None:
             _, greedy_scores = score_rollout(self._score, self.render, problems, 1, greedy)
             baseline = greedy_scores.total.repeat_interleave(self.G)
-            batch = dataclasses.replace(batch, baseline_scores=baseline)
+            inputs = {**batch.estimator_inputs, "greedy_scores": baseline}
+            batch = dataclasses.replace(batch, estimator_inputs=inputs)
         return batch, scores
 
     def resume_position(self) -> tuple[int, int]:
@@ -165,10 +165,12 @@ class Collector:
         return oldest, len(self.ahead.queue)
 
     def next_batch(self, steps_after: int = 0) -> Collected:
-        """The step's batch of P groups, shaped (DAPO: at most `max_gen_batches` rounds, then
-        the groups found, and an error only if there are none), its scores and metrics.
+        """The step's batch of P groups, shaped, its scores and metrics. DAPO's dynamic sampling
+        keeps only the groups whose `algo.filter_metric` differs and samples more rounds until
+        the batch is full (at most `max_gen_batches`, then the groups found, and an error only
+        if there are none); DUPO replaces zero-signal groups by duplicates of informative ones.
         `steps_after`: the steps still to come after this one, which rounds sampled ahead are
-        for."""
+        for (their metrics say how old each token is: `staleness_metrics`)."""
         P, G, shaping = self.P, self.G, self.shaping
         self.reward_seconds, self.waited, self.scored = 0.0, 0.0, []
         parts, kept_scores, rounds, sampled_groups, equal_groups = [], [], [], 0, 0

@@ -20,8 +20,9 @@ from rlcli.env import response_budget
 from rlcli.env.tools import unboxed_warning
 from rlcli.rewards.models import step_reward_tensors
 from rlcli.rewards.scorer import Sample, Scorer, Scores
+from rlcli.rollout.backends import make_sampler
 from rlcli.rollout.batch import Rollout
-from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler
+from rlcli.rollout.contract import Sampler, SamplerSetup
 from rlcli.runtime.init_kwargs import trusts_remote_code
 from rlcli.runtime.models import load_causal_lm, load_tokenizer, pick_device, resolve_model_path
 
@@ -95,7 +96,8 @@ def score_rollout(
             render.tokenizer, batch.response_ids.cpu(), batch.response_mask.cpu(), scores.steps
         )
         marked = step_rewards.masked_fill(~step_ends, math.nan)
-        batch = dataclasses.replace(batch, step_rewards=marked)
+        inputs = {**batch.estimator_inputs, "step_rewards": marked}
+        batch = dataclasses.replace(batch, estimator_inputs=inputs)
     return batch, scores
 
 

@@ -1,18 +1,11 @@
-"""Rollouts streamed ahead of the learner (`sampler.max_staleness=k` >= 1).
+"""Rollouts streamed ahead of the learner (`sampler.max_staleness=k` >= 1; docs/scaling.md,
+"Streaming rollouts").
 
 A round is what one generation round of a step samples: a group for each of the step's
-problems (and ReMax's greedy replies beside them). `RoundsAhead` keeps up to k rounds
-sampling on the rollout workers while the learner trains: the step takes the oldest (waiting
-for it if it is not done, or asking for one now if none is under way), and then tops the
-queue up to k again. So the round a step takes was asked for k steps earlier, when the
-learner held the weights of k updates before this step's: no token of it is more than k
-updates old (the workers take each push in flight, `rollout.workers`), and with several
-rounds a step (DAPO's dynamic sampling) it is fresher.
-
-Rounds are drawn from the prompt stream in order, so a run samples the same problems in the
-same steps whatever k is. A checkpoint records the stream's position before the oldest round
-not yet taken: a resumed run samples those problems again, with the saved weights, and the
-rounds under way are discarded (`Collector.resume_position`).
+problems (and ReMax's greedy replies beside them). `RoundsAhead` keeps up to k rounds sampling
+on the rollout workers while the learner trains, so no token a step trains on is more than k
+updates old. Rounds are drawn from the prompt stream in order, so a run samples the same
+problems in the same steps whatever k is.
 """
 
 from __future__ import annotations
@@ -34,6 +27,13 @@ class Round:
 
 class RoundsAhead:
     """Up to `ahead` rounds sampling in the background, oldest first.
+
+    A step takes the oldest (waiting for it if it is not done, or asking for one now if none is
+    under way), and then tops the queue up to `ahead` = k again. So the round a step takes was
+    asked for k steps earlier, when the learner held the weights of k updates before this step's:
+    no token of it is more than k updates old (the workers take each push in flight,
+    `rollout.workers.sampler`), and with several rounds a step (DAPO's dynamic sampling) it is
+    fresher.
 
     `draw()` gives the next round's problems and `position()` the prompt stream's position
     before it; `sample(problems)` samples them (on another thread: it must only talk to the
@@ -71,7 +71,9 @@ class RoundsAhead:
             self._submit()
 
     def oldest_position(self) -> int | None:
-        """The prompt stream's position before the oldest round not taken; None if none."""
+        """The prompt stream's position before the oldest round not taken; None if none. A
+        checkpoint records it: a resumed run samples those problems again, with the saved
+        weights, and the rounds under way are discarded (`Collector.resume_position`)."""
         return self.queue[0].position if self.queue else None
 
     def close(self) -> None:

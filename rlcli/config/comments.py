@@ -1,20 +1,11 @@
 """The comments of conf/: each field is documented once, by the comment lines right above it in
-its YAML file. `rlcli train --help` prints them with the config; a reference page can be built
-from them.
+its YAML file. `rlcli train --help` prints them with the config; scripts/make_docs.py builds
+the configuration reference from them.
 
-- `read_comments(path, prefix)`: every key of one YAML file, with its comment, the value
-  written there and where (`FieldComment`).
-- `base_comments()`: every field of the config, from conf/config.yaml's sections and each
-  group's base file (`conf/<group>_base.yaml` holds all of the group's fields).
-- `choice_comments(group, choice)`: the fields a choice's file sets (`conf/algo/dapo.yaml`
-  and the files of its group it starts from, such as `grpo.yaml`).
-- `file_header(path)`: the comment a file opens with (what a choice is).
-- `commented_yaml(values, comments)`: a config as YAML, each key under its comment.
-
-PyYAML (a dependency of Hydra's OmegaConf) drops comments, so the comment lines are read from
-the text, above the line where PyYAML's parser puts each key. A comment belongs to the key
-right below it: a blank line ends it, so a file's header, set off by a blank line, is not the
-first key's comment.
+`read_comments` reads one YAML file's keys with their comments and values (`FieldComment`),
+`base_comments` every field of the config, `choice_comments` the fields a choice's files set,
+`file_header` what a choice is; `commented_yaml` writes a config as YAML, each key under its
+comment.
 """
 
 from __future__ import annotations
@@ -45,7 +36,9 @@ class FieldComment:
 
 
 def comment_above(lines: list[str], index: int) -> str:
-    """The comment lines right above line `index` (0-based), top first, '# ' removed."""
+    """The comment lines right above line `index` (0-based), top first, '# ' removed. A comment
+    belongs to the key right below it: a blank line ends it, so a file's header, set off by a
+    blank line, is not the first key's comment."""
     found = []
     for line in reversed(lines[:index]):
         text = line.strip()
@@ -58,7 +51,9 @@ def comment_above(lines: list[str], index: int) -> str:
 def read_comments(path: Path, prefix: str = "") -> dict[str, FieldComment]:
     """Every mapping key of the YAML file at `path`, nested ones dotted (`lora.rank`), each
     with the comment right above it; `prefix` ("algo.") goes in front of every key. The
-    `defaults` list is left out: it is not a field."""
+    `defaults` list is left out: it is not a field. PyYAML (a dependency of Hydra's OmegaConf)
+    drops comments, so they are read from the text, above the line where PyYAML's parser puts
+    each key."""
     text = Path(path).read_text()
     lines = text.splitlines()
     values = yaml.safe_load(text) or {}
@@ -101,7 +96,8 @@ def groups(conf_dir: Path = CONF_DIR) -> list[str]:
 def base_comments(conf_dir: Path = CONF_DIR) -> dict[str, FieldComment]:
     """Every field of the config with its comment and default: conf/config.yaml's sections
     (trainer, eval, filter, pairs) and each group's base file, its keys under the group's
-    name (`algo.eps_high` from conf/algo_base.yaml)."""
+    name (`algo.eps_high` from conf/algo_base.yaml): `conf/<group>_base.yaml` holds all of the
+    group's fields."""
     found = {
         key: doc
         for key, doc in read_comments(conf_dir / "config.yaml").items()

@@ -1,15 +1,9 @@
 """The command line's rule for the config's free-form fields, the dicts of a piece's own
 settings (`algo.loss_settings`, `algo.advantage_settings`, `trainer.lr_scheduler_kwargs`) and
 the policy's from_pretrained arguments (`model.init_kwargs`), whose keys the piece's signature
-(or from_pretrained) checks rather than the schema:
-
-- `FIELD.NAME=VALUE` sets NAME whether or not the composed config already holds it (an algo's
-  YAML presets sapo's tau_pos; no YAML presets min_lr_rate), with or without Hydra's `+`:
-  Hydra itself wants `+` for a new key and refuses it for an existing one, which a user
-  cannot tell apart.
-- `~FIELD.NAME` drops a preset setting (the signature's default then applies). Every other key
-  of rlcli's always has a value, from conf/, so deleting one is refused: Hydra would compose
-  a config with a hole and the run would stop on it with a traceback.
+(or from_pretrained) checks rather than the schema: `FIELD.NAME=VALUE` sets NAME with or
+without Hydra's `+` (`settable`), and `~FIELD.NAME` drops a preset setting, where deleting any
+other key is refused (`refuse_deletion`).
 """
 
 from __future__ import annotations
@@ -38,7 +32,10 @@ def free_form_field(key: str) -> str | None:
 
 def settable(overrides: Sequence[str]) -> list[str]:
     """`overrides` with each setting inside a free-form field, given as `key=value` or
-    `+key=value`, written as Hydra's `++key=value` (set it, or add it where it is missing)."""
+    `+key=value`, written as Hydra's `++key=value` (set it, or add it where it is missing), so
+    that it sets the key whether or not the composed config already holds it (an algo's YAML
+    presets sapo's tau_pos; no YAML presets min_lr_rate). Hydra itself wants `+` for a new key
+    and refuses it for an existing one, which a user cannot tell apart."""
     out = []
     for override in overrides:
         key, sign, value = override.partition("=")
@@ -50,7 +47,10 @@ def settable(overrides: Sequence[str]) -> list[str]:
 
 def refuse_deletion(key: str, unknown: str | None) -> None:
     """Raise ConfigError for `~key` unless `key` lies inside a free-form field; `unknown` is
-    the message for a key the config does not have (None when it has it)."""
+    the message for a key the config does not have (None when it has it). Deleting a preset
+    setting leaves the signature's default to apply; every other key of rlcli's always has a
+    value, from conf/, and Hydra would compose a config with a hole in it, on which the run
+    would stop with a traceback."""
     if unknown is not None:
         raise ConfigError(unknown)
     if free_form_field(key):

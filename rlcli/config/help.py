@@ -28,7 +28,7 @@ class HelpInput:
 
     values: Mapping[str, Any]  # the composed config without `hydra`, as plain dicts
     chosen: Mapping[str, str]  # each group's choice (hydra.runtime.choices)
-    pieces: str  # the losses and estimators, with their settings (train.objective_config)
+    pieces: str  # the losses and estimators, with their settings (train.pieces_help)
     recipes: Sequence[str]  # the choices of recipe=
     header: str = ""  # hydra.help.header
     footer: str = ""  # hydra.help.footer

@@ -1,25 +1,11 @@
 """Prompt datasets: each adapter returns a train and a held-out test list of `Problem`s.
 
-The room of everything a run reads before it samples: `problems` (the `Problem` record,
-rendering a prompt, the training stream, writing records back), `generated` (seeded `arith`
-and `countdown` sets; `countdown` holds that task's generator and checker), `files` (reading
-a local file, a save_to_disk folder or a hub split), `records` (their records as problems),
-`answers` (how an answer field writes the answer), `pairs` (DPO's
-preference pairs). Two kinds of adapter, picked by
-`data.name` from `DATASETS` below:
-
-- generated from a seed: `arith` and `countdown`;
-- records, read from a local .jsonl/.json/.parquet/.csv file or save_to_disk folder
-  (`data.path`) or a Hugging Face hub dataset (`data.hub_id`): `jsonl`, `parquet`, `gsm8k`,
-  `math` and `dapo_math_17k` are one adapter, `record_splits`, which each conf/data/*.yaml
-  configures: where the prompt and the answer are (dotted paths into nested records), how the
-  answer is written (`answers.ANSWER_FORMATS`), a prompt template, de-duplication and a size
-  limit.
-
-Every problem keeps its source record, so `write_records` can write a filtered copy that the
-same adapter reads back with `data.path=`. Prompts are rendered with the model's chat template
-(`PromptRenderer`: a conversation whole, a question as a user turn); `PromptStream` feeds the
-training split to the trainer. `check_data` is the data section's checks.
+The room of everything a run reads before it samples: `problems` (the `Problem` record, its
+prompt rendered with the model's chat template, the training stream, writing records back),
+`generated` (seeded `arith` and `countdown` sets), `files` (reading a local file, a
+save_to_disk folder or a hub split), `records` (their records as problems), `answers` (how an
+answer field writes the answer), `pairs` (DPO's preference pairs). `DATASETS` maps `data.name`
+to its adapter; `check_data` is the data section's checks.
 """
 
 from __future__ import annotations
@@ -32,6 +18,12 @@ from rlcli.data.pairs import pair_from_record
 from rlcli.data.problems import Splits
 from rlcli.data.records import record_splits
 
+# Two kinds of adapter: generated from a seed (`arith`, `countdown`), and records read from a
+# local .jsonl/.json/.parquet/.csv file or save_to_disk folder (`data.path`) or a Hugging Face
+# hub dataset (`data.hub_id`). `jsonl`, `parquet`, `gsm8k`, `math` and `dapo_math_17k` are one
+# adapter, `record_splits`, which each conf/data/*.yaml configures: where the prompt and the
+# answer are (dotted paths into nested records), how the answer is written
+# (`answers.ANSWER_FORMATS`), a prompt template, de-duplication and a size limit.
 DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
     "arith": arith_splits,
     "countdown": countdown_splits,

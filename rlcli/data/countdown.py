@@ -3,14 +3,9 @@
 The task TinyZero trains on: "Using the numbers [12, 45, 7], create an equation that equals
 50", each number used exactly once, the equation inside <answer></answer>. Problems are
 generated from a seed, with `num_operands` numbers of `difficulty` digits each, and every
-target is reachable by construction: the generator combines random pairs of the numbers with
-random operators until one value is left, and keeps it when it is a positive integer. Its
-hidden solution divides only where the division is exact and never subtracts below zero, so
-each of its intermediate values is a whole number; a model's answer may use any fractions.
-
-`countdown_score` checks a response without ever running it: the expression is parsed with
-`ast`, and only integer constants, + - * /, unary minus and parentheses are evaluated, with
-`fractions.Fraction`; the answer must also use each given number exactly once.
+target is reachable by construction (`countdown_problem`). `countdown_score` checks a response
+without ever running it: the expression is parsed with `ast` and evaluated exactly, with
+`fractions.Fraction`, and the answer must also use each given number exactly once.
 """
 
 from __future__ import annotations
@@ -63,7 +58,11 @@ class CountdownProblem:
 def countdown_problem(
     rng: random.Random, difficulty: int, operators: str, num_operands: int
 ) -> CountdownProblem | None:
-    """One problem, or None when this draw's target is not a positive integer."""
+    """One problem, or None when this draw's target is not a positive integer. The generator
+    combines random pairs of the numbers with random operators until one value is left, and
+    keeps it when it is a positive integer. Its hidden solution divides only where the division
+    is exact and never subtracts below zero, so each of its intermediate values is a whole
+    number; a model's answer may use any fractions."""
     low = 1 if difficulty == 1 else 10 ** (difficulty - 1)  # no 0: it makes trivial targets
     numbers = [rng.randint(low, 10**difficulty - 1) for _ in range(num_operands)]
     # Combine random pairs until one value is left: any expression tree can arise this way.
@@ -152,7 +151,8 @@ def extract_answer(response: str) -> str:
 
 
 def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
-    """Exact value of a whitelisted expression tree; records the integers it uses."""
+    """Exact value of a whitelisted expression tree (only integer constants, + - * /, unary
+    minus and parentheses, with `fractions.Fraction`); records the integers it uses."""
     if isinstance(node, ast.Expression):
         return _evaluate(node.body, used)
     if isinstance(node, ast.BinOp) and type(node.op) in _ANSWER_OPS:

@@ -289,7 +289,9 @@ def _saved_dataset(folder: Path, label: str, split: str):
 def read_file(path: str, key: str):
     """A local file (or a save_to_disk folder) as a `datasets.Dataset`; `key` names the config
     field for messages."""
-    import datasets  # here, not at the top: it takes ~0.6 s, and generated data never needs it
+    # Here, not at the top: it is slow to import (see docs/performance.md, "Start-up: what is
+    # imported late"), and generated data never needs it.
+    import datasets
 
     folder = Path(path).expanduser()
     if folder.is_dir() and any((folder / n).is_file() for n in SAVED_MARKERS):

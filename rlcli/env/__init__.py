@@ -3,11 +3,10 @@ reply per prompt).
 
 The room below the prompts (`data`, whose system message names the tools) and the samplers
 (`rollout`, which run the episodes): how a tool call is written and read (`calls`, rlcli's own
-tags; `chat_template`, the model's template's tool calling), the tools and `TOOLS` (`tools`),
-the python tool's sandboxed process (`sandbox`, and `sandbox_child`, the script that process
-runs), and an episode's turns, tokens, loss mask and transcript (`episode`). Nothing here
-knows an engine or a model: a sampler hands `episode.run_episodes` a function that continues
-token contexts.
+tags; `chat_template`, the model's template's), the tools and `TOOLS` (`tools`), the python
+tool's sandboxed process (`sandbox`, `sandbox_child`), and an episode's turns, tokens, loss
+mask and transcript (`episode`). Nothing here knows an engine or a model: a sampler hands
+`episode.run_episodes` a function that continues token contexts.
 """
 
 from __future__ import annotations

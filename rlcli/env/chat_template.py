@@ -1,13 +1,9 @@
 """`env.tool_format=chat_template`: the tools declared through the model's own chat template
 (`tokenizer.apply_chat_template(messages, tools=[...])`, as TRL and verl users know it), and
-the model's calls read in the format that template writes them (`TemplateCalls`).
-
-What a template expects is read from the template itself, by rendering probe conversations:
-one with and one without tools (a template that renders both alike has no tool support, as
-SmolLM2-135M-Instruct's), and an assistant turn holding a call, whose JSON sits between the
-template's start and end tags (Qwen2.5's and Qwen3's `<tool_call>` and `</tool_call>`).
-Generation stops at the end tag; the tool's output goes back as a `{"role": "tool"}` message
-through the same template (`rollout.multiturn.tool_turn_text`).
+the model's calls read in the format that template writes them (`TemplateCalls`), which is
+read from the template itself (`template_calls`). Generation stops at the template's end tag;
+the tool's output goes back as a `{"role": "tool"}` message through the same template
+(`rollout.multiturn.tool_turn_text`).
 """
 
 from __future__ import annotations
@@ -97,7 +93,12 @@ class TemplateCalls:
 def template_calls(tokenizer) -> TemplateCalls:
     """How the tokenizer's chat template writes a call, read from the template; a ConfigError
     when it has none, declares no tools, cannot write a call or a tool message, or writes a
-    call with no end tag to stop generation at."""
+    call with no end tag to stop generation at.
+
+    It renders probe conversations: one with and one without tools (a template that renders
+    both alike has no tool support, as SmolLM2-135M-Instruct's), and an assistant turn holding
+    a call, whose JSON sits between the template's start and end tags (Qwen2.5's and Qwen3's
+    `<tool_call>` and `</tool_call>`)."""
     who = tokenizer.name_or_path
     fix = (
         "set env.tool_format=rlcli (rlcli's own <tool>NAME</tool><args>INPUT</args> calls, "

@@ -1,38 +1,12 @@
 """The python tool's process, and a user tool function's: started per call, stopped at its
 time limit or when its output passes `OUTPUT_BYTES`, everything it started killed with it.
 
-`run_python` runs model-written code. With `env.sandbox=bwrap` (the default) the operating
-system contains it, through bubblewrap (`bwrap`, a tool made for unprivileged containers):
-- its own pid, network, ipc, uts, mount and cgroup namespaces: no other process, no network
-  (a loopback of its own), no host socket, Unix or abstract;
-- a root of its own holding only /usr, the Python installation (at its own paths, under /tmp
-  too) and the child script, all read-only; its own /proc and a minimal /dev, read-only too; a
-  tmpfs of `disk_mb` MiB as /tmp, its working directory and only writable place (another
-  bounded one on /dev/shm), gone when it ends;
-- an unprivileged user with no capabilities: started by root, bubblewrap makes the namespaces
-  and `setpriv` then becomes a user of the box's own (`BOX_UIDS`), so rlimits bind and no
-  per-user count is shared; bubblewrap's init, pid 1, stays root's, out of that user's reach.
-  Started by another user, bubblewrap's user namespace maps the box's user to that user,
-  nested user namespaces are disabled, and the code is pid 1 itself (`--as-pid-1`): no init
-  of that same user beside it;
-- the seccomp filter of `seccomp.py` (no new process or thread, no memory the address-space
-  limit misses: memfd, System V shared memory, extended attributes; no inotify instance;
-  sockets only of the families the network namespace contains, so no AF_VSOCK); a new
-  session; killed with its parent;
-- where this user can make one (root under cgroup v1's memory hierarchy, or a v2 cgroup with
-  the memory controller open), a memory cgroup of the code's limit, its two tmpfs and
-  `CGROUP_SLACK_MB`: the one limit that counts the kernel's memory too (files' inodes);
-- bubblewrap itself started with a minimal environment, so no process of the box can read the
-  trainer's tokens (the box's pid 1 keeps the environment it was started with), and given its
-  options in a file (`--args`), so bubblewrap's command line names no host path;
-- rlimits and the audit hook that `sandbox_child.py` adds inside: CPU, address space, file
-  size, no new process or thread, 256 open files, no core; the hook only gives clearer
-  messages.
-With `env.sandbox=none` the code runs in a plain process with the rlimits and the hook only,
-in a temporary directory: not contained (docs/tools.md), and the run says so as it starts.
-
-`run_function` runs a user's `file.py:name` tool, limited in time and output only (the user's
-own code), in a fresh temporary directory with an environment of PATH and HOME.
+`run_python` runs model-written code: with `env.sandbox=bwrap` (the default) in a bubblewrap box
+(its own namespaces, a read-only root, a user of its own, the seccomp filter of `seccomp.py`, a
+memory cgroup of `box_cgroup.py` where one can be made, and the rlimits of `sandbox_child.py`);
+with `env.sandbox=none` in a plain process with the rlimits and the audit hook only, uncontained.
+docs/tools.md, "The python tool's sandbox", says what each layer holds. `run_function` runs a
+user's `file.py:name` tool, limited in time and output only (the user's own code).
 """
 
 from __future__ import annotations
@@ -81,6 +55,29 @@ CODE_ENV = {
 def run_python(
     code: str, timeout_s: float, memory_mb: int, disk_mb: int = 64, sandbox: str = "bwrap"
 ) -> ToolResult:
+    """What model-written `code` prints. With `sandbox="bwrap"` the operating system contains
+    it, through bubblewrap (`bwrap`, a tool made for unprivileged containers):
+    - its own pid, network, ipc, uts, mount and cgroup namespaces: no other process, no network
+      (a loopback of its own), no host socket, Unix or abstract;
+    - a root of its own holding only /usr, the Python installation (at its own paths, under /tmp
+      too) and the child script, all read-only; its own /proc and a minimal /dev, read-only too;
+      a tmpfs of `disk_mb` MiB as /tmp, its working directory and only writable place (another
+      bounded one on /dev/shm), gone when it ends (`box_options`);
+    - an unprivileged user with no capabilities: started by root, bubblewrap makes the
+      namespaces and `setpriv` then becomes a user of the box's own (`box_user`); started by
+      another user, bubblewrap's user namespace maps the box's user to that user, nested user
+      namespaces are disabled, and the code is pid 1 itself (`--as-pid-1`);
+    - the seccomp filter of `seccomp.py`; a new session; killed with its parent;
+    - where this user can make one (root under cgroup v1's memory hierarchy, or a v2 cgroup with
+      the memory controller open), a memory cgroup of the code's limit, its two tmpfs and
+      `CGROUP_SLACK_MB`: the one limit that counts the kernel's memory too (files' inodes);
+    - bubblewrap itself started with a minimal environment (`BWRAP_ENV`), so no process of the
+      box can read the trainer's tokens (the box's pid 1 keeps the environment it was started
+      with), and given its options in a file (`--args`), so its command line names no host path;
+    - the rlimits and the audit hook that `sandbox_child.py` adds inside (the hook only gives
+      clearer messages).
+    With `sandbox="none"` the code runs in a plain process with the rlimits and the hook only, in
+    a temporary directory: not contained (docs/tools.md), and the run says so as it starts."""
     # CPU seconds a little above the wall-clock limit, which stops the process first; the CPU
     # limit only backs it up (`_run` says why no exit status is read as a time-out).
     limits = {"cpu_s": math.ceil(timeout_s) + 1, "memory_mb": memory_mb, "boxed": False}
@@ -212,6 +209,9 @@ def sandbox_problem(sandbox: str) -> str | None:
 
 
 def run_function(spec: str, argument: str, timeout_s: float) -> ToolResult:
+    """What the user's tool `spec` (`file.py:name`) returns for `argument`, run in a fresh
+    temporary directory with an environment of PATH, HOME and `CODE_ENV`'s thread counts,
+    limited in time and output only: the user's own code."""
     target, name = spec.rsplit(":", 1)
     if target.endswith(".py"):
         target = str(Path(target).resolve())

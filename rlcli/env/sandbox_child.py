@@ -2,19 +2,7 @@
 only, started by `sandbox.py` as `python -I -u sandbox_child.py MODE ...` with the call's
 input on stdin, in a fresh temporary directory.
 
-`code` mode, before the model's code runs. Inside bubblewrap's box (`boxed`, the default;
-`sandbox.py` says what the box is), which is what contains the code:
-1. resource limits: CPU seconds, address space, file size, no child processes or threads,
-   256 open files (each socket holds kernel memory), no core file (they bind: the box's user
-   is not root; the seccomp filter refuses new processes whatever a per-user count says);
-2. an audit hook (PEP 578) refusing sockets and new processes with a message the model can
-   read ("the sandbox refuses socket.connect") instead of the kernel's bare errno. It is
-   not a containment: code can switch it off (tests/test_sandbox.py does), and nothing
-   depends on it.
-Outside a box (`env.sandbox=none`, unsafe), the same limits and a stricter hook (files
-outside the temporary directory, ctypes), plus a network namespace where the kernel allows
-one: obstacles for a well-meaning model, not a sandbox.
-
+`code` mode sets resource limits and an audit hook, then runs the model's code (`run_code`).
 `function` mode imports the user's tool (`file.py:name` or `module:name`) and prints what it
 returns for the argument: the user's own code, limited only in time and output by the parent.
 `check` mode only imports it, before the run starts (`sandbox.check_function`).
@@ -130,6 +118,18 @@ def install_guard(workdir: str, boxed: bool) -> None:
 
 
 def run_code(code: str, limits: dict) -> None:
+    """Run the model's `code`. Inside bubblewrap's box (`boxed`, the default; `sandbox.run_python`
+    says what the box is), which is what contains the code, it first sets:
+    1. resource limits (`set_limits`): CPU seconds, address space, file size, no child processes
+       or threads, 256 open files, no core file. They bind: the box's user is not root; the
+       seccomp filter refuses new processes whatever a per-user count says;
+    2. an audit hook (PEP 578, `install_guard`) refusing sockets and new processes with a
+       message the model can read ("the sandbox refuses socket.connect") instead of the kernel's
+       bare errno. It is not a containment: code can switch it off (tests/test_sandbox.py does),
+       and nothing depends on it.
+    Outside a box (`env.sandbox=none`, unsafe): the same limits and a stricter hook (files
+    outside the temporary directory, ctypes), plus a network namespace where the kernel allows
+    one (`isolate_network`): obstacles for a well-meaning model, not a sandbox."""
     workdir = os.path.realpath(os.getcwd())
     if not limits["boxed"]:
         isolate_network()

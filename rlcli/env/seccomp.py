@@ -1,28 +1,12 @@
 """The seccomp filter the python tool's box runs under: the kernel's system calls a computation
-never needs and an escape often does, refused with EPERM.
+never needs and an escape often does, refused with EPERM (`REFUSED_X86_64`, `FAMILIES`).
 
 bubblewrap loads a filter it is given as compiled classic BPF (`bwrap --seccomp FD`); this
 module writes that program, a dozen instructions plus one per refused call, so no compiler
-library is needed. The calls refused:
-- new namespaces and mounts (a user namespace hands the code a root of its own to attack the
-  kernel with), tracing and reading other processes, process file descriptors (pidfd), kernel
-  keyrings, BPF, perf events, userfaultfd, io_uring, modules, kexec, handles that bypass paths,
-  device nodes, swap and reboot;
-- new processes and threads (fork, vfork, clone, clone3): RLIMIT_NPROC counts per real user,
-  and a box started by a user other than root runs as that user, whose count is shared with
-  everything else the user runs;
-- memory that the address-space limit does not count: memfd_create and memfd_secret, System V
-  shared memory, message queues and semaphores, POSIX message queues, and extended attributes
-  (setxattr and its kin: a tmpfs keeps them in kernel memory);
-- inotify instances, which the kernel counts per user: started by a user other than root, the
-  box is that user, and its instances would come out of the trainer's own;
-- sockets of any family but Unix, IP and netlink (`socket` and `socketpair` are checked on their
-  first argument): AF_VSOCK and its like reach past the box's network namespace.
-Everything else the namespaces, the unprivileged user, the bounded tmpfs and the rlimits
-already contain.
-
-The numbers are x86-64's (`asm/unistd_64.h`); on another architecture `filter_program`
-returns None and the box runs without the filter (its other layers are unchanged).
+library is needed. Everything else the namespaces, the unprivileged user, the bounded tmpfs and
+the rlimits already contain. The numbers are x86-64's (`asm/unistd_64.h`); on another
+architecture `filter_program` returns None and the box runs without the filter (its other
+layers are unchanged).
 """
 
 from __future__ import annotations
@@ -31,7 +15,11 @@ import errno
 import platform
 import struct
 
-# x86-64 system call numbers, from the kernel's asm/unistd_64.h.
+# The refused calls' x86-64 numbers, from the kernel's asm/unistd_64.h. The first lines: new
+# namespaces and mounts (a user namespace hands the code a root of its own to attack the kernel
+# with), tracing and reading other processes, process file descriptors (pidfd), kernel keyrings,
+# BPF, perf events, userfaultfd, io_uring, modules, kexec, handles that bypass paths, device nodes,
+# swap and reboot.
 REFUSED_X86_64 = {
     "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
     "chroot": 161, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
@@ -44,16 +32,20 @@ REFUSED_X86_64 = {
     "swapoff": 168, "reboot": 169, "syslog": 103, "kcmp": 312, "fsopen": 430, "fsconfig": 431,
     "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
     "quotactl": 179,
-    # no new process or thread
+    # no new process or thread: RLIMIT_NPROC counts per real user, and a box started by a user
+    # other than root runs as that user, whose count is shared with everything else it runs
     "clone": 56, "fork": 57, "vfork": 58, "clone3": 435,
-    # memory outside RLIMIT_AS
+    # memory outside RLIMIT_AS: memfds, System V shared memory, message queues and semaphores,
+    # POSIX message queues, extended attributes (a tmpfs keeps them in kernel memory)
     "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "msgget": 68,
     "semget": 64, "mq_open": 240, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
     "setxattrat": 463,
-    # inotify instances, counted per user: a box started by another user shares that count
+    # inotify instances, counted per user: a box started by another user shares that count,
+    # and its instances would come out of the trainer's own
     "inotify_init": 253, "inotify_init1": 294,
 }  # fmt: skip
-# socket and socketpair, allowed only for the address families the network namespace holds.
+# socket and socketpair, allowed only for the address families the network namespace holds
+# (checked on their first argument): AF_VSOCK and its like reach past it.
 SOCKET_CALLS = (41, 53)
 FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
 

@@ -1,21 +1,12 @@
-"""Checkpoints: `checkpoints/step_N/` holds everything a run needs to continue exactly.
+"""Checkpoints: `checkpoints/step_N/` holds everything a run needs to continue exactly: the
+policy as a Hugging Face directory (transformers and vLLM load it as any model), `optimizer.pt`
+(optimiser and scheduler state dicts), `trainer_state.json` (the step, data position, RNG
+states and whatever else the loop keeps between steps) and `manifest.json` (every file's size
+and SHA-256, written last, so that a checkpoint damaged afterwards is found: `damage`).
 
-- the policy as a Hugging Face directory (`model.safetensors`, config, tokenizer), which
-  transformers and vLLM load as any model;
-- `optimizer.pt`: optimiser and scheduler state dicts (tensors, numbers and lists only, read
-  back with `torch.load(weights_only=True)`, which refuses arbitrary pickled objects);
-- `trainer_state.json`: the step, data position, RNG states, DCPO's SAS state, the KL
-  controller's beta and whatever else the loop keeps between steps.
-
-- `manifest.json`, written last: every file's size and SHA-256, so that a checkpoint damaged
-  after it was written (a truncated copy, a full disk, a bad sector) is found before it is
-  trusted (`damage`); resuming then falls back to the newest sound one and keeps the bad one.
-
-A checkpoint is written into a hidden temporary sibling marked in progress (`.rlcli-in-progress`)
-and renamed into place, so `step_N` exists only once it is complete; a run killed while saving
-leaves a marked `.step_N-*` directory that the next run removes. Old checkpoints are pruned the
-same way (marked, renamed, then deleted). Hidden directories without the marker are not
-rlcli's and are left alone.
+A checkpoint is written into a hidden temporary sibling marked in progress (`IN_PROGRESS`) and
+renamed into place, so `step_N` exists only once it is complete; old ones are pruned the same
+way (marked, renamed, then deleted). docs/reliability.md, "Checkpoints", says what a user sees.
 """
 
 from __future__ import annotations
@@ -39,6 +30,8 @@ from rlcli.config import ConfigError, TrainerConfig
 from rlcli.runtime.lora import ADAPTER_CONFIG
 
 STATE_FILE = "trainer_state.json"
+# Tensors, numbers and lists only: read back with torch.load(weights_only=True), which refuses
+# arbitrary pickled objects.
 TENSORS_FILE = "optimizer.pt"
 MANIFEST_FILE = "manifest.json"
 IN_PROGRESS = ".rlcli-in-progress"  # in a directory rlcli is writing or deleting
@@ -150,7 +143,8 @@ def _write_manifest(directory: Path) -> None:
 
 
 def damage(path: Path) -> str | None:
-    """What is wrong with a checkpoint directory, or None when every file matches its manifest.
+    """What is wrong with a checkpoint directory (a truncated copy, a full disk, a bad sector),
+    or None when every file matches its manifest.
 
     A checkpoint written before rlcli kept manifests is checked for a readable state file only.
     """

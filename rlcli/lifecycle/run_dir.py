@@ -1,23 +1,11 @@
 """The run directory: one run owns it at a time, and what it says about the run is true.
 
 - `claim`: a run holds an exclusive OS lock (`flock`) on `.rlcli-run` in its directory for as
-  long as it lives; the kernel drops the lock when the process ends, however it ends, so a
-  killed run never blocks the next, and a second run started in the same directory stops at
-  once with the holder's PID. The same file marks the directory as rlcli's: a non-empty
-  directory without it (and without an older rlcli run's files) is someone else's, and rlcli
-  refuses to write there.
-- `resume_changes`: what a resumed run may change. Fields that shape the run (the model, the
-  data, the reward, the algorithm, the batch) must equal the checkpoint's; the optimiser's
-  hyperparameters and β are taken from the new command and announced; the rest (how long,
-  how often to save and evaluate, logging, memory and engine knobs) simply apply.
-- `record_config`: `config.yaml` is the config in force, followed by the directory's history
-  (each start and resume, with what changed) as comments, carried over from the previous file.
-- `discard_unused`: a command whose config fails validation leaves no directory behind. Hydra
-  makes the run directory before the job validates its config; the directories this command
-  made (`note_new_dirs`, before Hydra or the lock makes them) are removed again when the job
-  stops at a config error, as long as they hold nothing but what a start writes (Hydra's
-  files, the job log, rlcli's marker and config.yaml). A directory that existed before, or
-  holds anything else (checkpoints, metrics, a user's file), is never removed.
+  long as it lives; the same file marks the directory as rlcli's, and a foreign one is refused.
+- `resume_changes`: what a resumed run may change (`FREE`, `APPLIED`; the rest is fixed).
+- `record_config`: `config.yaml` is the config in force, then the directory's history.
+- `discard_unused`: a command whose config fails validation leaves no directory behind.
+docs/reliability.md ("Resuming", "One run per directory") says what a user sees of them.
 """
 
 from __future__ import annotations
@@ -111,7 +99,7 @@ def resume_changes(saved: dict, cfg: Config) -> dict[str, list[tuple[str, object
     old, new = flat_items(saved), flat_items(config_dict(cfg))
     if new.get("sampler.old_logp") == "auto" and old.get("sampler.old_logp") != "auto":
         # An older rlcli saved `auto` as it resolved it: compare that with what it means now.
-        from rlcli.rollout.samplers import resolved_old_logp
+        from rlcli.rollout.backends import resolved_old_logp
 
         new["sampler.old_logp"] = resolved_old_logp(cfg.sampler, cfg.trainer)
     changes: dict[str, list] = {"fixed": [], "applied": [], "free": []}
@@ -184,8 +172,10 @@ def _holder(run_dir: Path) -> str:
 
 @contextmanager
 def claim(run_dir: Path, command: str = "rlcli", hydra_files: tuple[str, ...] = (".hydra",)):
-    """Hold `run_dir` for this process: refuse a foreign directory, then take the lock (a
-    ConfigError naming the holder's PID when another process has it). `command` is what the
+    """Hold `run_dir` for this process: refuse a foreign directory (a non-empty one without the
+    marker or an older rlcli run's files is someone else's), then take the lock (a ConfigError
+    naming the holder's PID when another process has it). The kernel drops the lock when the
+    process ends, however it ends, so a killed run never blocks the next. `command` is what the
     lock file tells a second run; `hydra_files` are what Hydra itself wrote in the directory
     before the job started. Re-entrant within one process."""
     run_dir = Path(run_dir).resolve()
@@ -244,7 +234,8 @@ _new_dirs: set[Path] = set()  # directories this command noted missing before th
 
 def note_new_dirs(path: Path | str) -> None:
     """Note `path` and each parent of it that does not exist yet: this command is about to make
-    them, so `discard_unused` may remove them again. No ~ is expanded: Hydra expands none."""
+    them (Hydra makes the run directory before the job validates its config), so
+    `discard_unused` may remove them again. No ~ is expanded: Hydra expands none."""
     path = Path(path).resolve()
     for folder in (path, *path.parents):
         if folder.exists():
@@ -296,8 +287,9 @@ def discard_unused(run_dir: Path, hydra_files: tuple[str, ...]) -> bool:
     made it (`note_new_dirs`) and it holds nothing but what a start writes; then each parent
     this command made that is left empty (a sweep's directory: holding only Hydra's
     multirun.yaml). Held (`claim`) while it is checked and removed, so a run that took it
-    meanwhile keeps it. Returns whether it was removed; a failure to remove leaves it as it is,
-    as the config error is what the user must see."""
+    meanwhile keeps it. A directory that existed before, or holds anything else (checkpoints,
+    metrics, a user's file), is never removed. Returns whether it was removed; a failure to
+    remove leaves it as it is, as the config error is what the user must see."""
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir() or not _made_here(run_dir):
         return False

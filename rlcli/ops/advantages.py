@@ -1,14 +1,11 @@
 """Advantage estimators (docs/algorithms.md; each cites its paper).
 
 Outcome estimators take the rewards of P groups of G samples, ``[P, G]``, and return one
-advantage per response, ``[P, G]``; the caller broadcasts it over the response's tokens.
-A group whose rewards are all equal gets exactly 0 from every outcome estimator: it
-carries no learning signal, and float rounding in ``R - mean`` must not invent one.
-
-``ADVANTAGES`` is the registry `algo.advantage` picks from: every entry is a function of one
-`AdvantageInputs` and its own settings (keyword-only, with defaults: `algo.advantage_settings`),
-registered by `@register_advantage` above its definition, returning (advantages, returns or
-None). `ops.estimate.estimate` calls it; failed rewards are handled there.
+advantage per response, ``[P, G]``; the caller broadcasts it over the response's tokens. A
+group whose rewards are all equal gets exactly 0 from every one (`_zero_constant_groups`).
+``ADVANTAGES`` is the registry `algo.advantage` picks from, each entry registered by
+`@register_advantage` above its definition with its settings (`algo.advantage_settings`);
+`ops.estimate.estimate` calls it, and handles failed rewards.
 """
 
 from collections.abc import Callable
@@ -24,7 +21,8 @@ GRPO_EPS = 1e-6
 
 
 def _zero_constant_groups(adv: Tensor, rewards: Tensor) -> Tensor:
-    """Force exact zeros on groups whose rewards are all equal.  # [P, G]"""
+    """Force exact zeros on groups whose rewards are all equal (``[P, G]``): such a group
+    carries no learning signal, and float rounding in ``R - mean`` must not invent one."""
     constant = rewards.amax(dim=-1, keepdim=True) == rewards.amin(dim=-1, keepdim=True)
     return torch.where(constant, torch.zeros_like(adv), adv)
 
@@ -161,7 +159,9 @@ class AdvantageInputs:
     mask: Tensor  # [B, T] 1 on response tokens that count
     group_size: int
     prompt_ids: list[str]  # [B] the prompt each response answers
-    sas: "SasTracker | None" = None  # DCPO's per-prompt state (dcpo_sas)
+    # The estimator's own state across steps (what its `Piece.state` made; DCPO's per-prompt
+    # statistics), or None.
+    state: object | None = None
     values: Tensor | None = None  # [B, T] the critic's values (gae)
     step_rewards: Tensor | None = None  # [B, T] a step's reward where it ends, else NaN
     lengths: Tensor | None = None  # [B] tokens each response holds, before any filter (opo)
@@ -211,10 +211,10 @@ def rloo(x: AdvantageInputs):
     return per_group(x, rloo_advantages)
 
 
-@register_advantage("dcpo_sas", needs=("groups", "response_advantage"))
+@register_advantage("dcpo_sas", needs=("groups", "response_advantage"), state=SasTracker)
 def dcpo_sas(x: AdvantageInputs):
-    """DCPO's SAS: standardised rewards smoothed over each prompt's visits (state in x.sas)."""
-    return per_group(x, lambda rewards: x.sas(x.prompt_ids[:: x.group_size], rewards))
+    """DCPO's SAS: standardised rewards smoothed over each prompt's visits (state in x.state)."""
+    return per_group(x, lambda rewards: x.state(x.prompt_ids[:: x.group_size], rewards))
 
 
 @register_advantage("gae", needs=("critic",))

@@ -4,10 +4,7 @@ a time so that the [tokens, vocabulary] logits never exist for the whole batch a
 With vocabularies of 49k-150k entries the full-batch logits (and their log-softmax, and the
 gradient of both) are the learner's largest tensors by far: 4 x 8 sequences of 1,000 tokens
 over 150k entries is 18 GiB in float32. Here each chunk's logits are made, reduced to two
-numbers per token and dropped; the backward pass remakes them and writes their gradient by
-its closed form (`_ChunkedHead`), so the memory held between the passes is the inputs and
-two numbers per token, and each chunk's logits are walked a handful of times rather than
-once per op of a generic autograd graph.
+numbers per token and dropped; the backward pass remakes them (`_ChunkedHead`).
 """
 
 from __future__ import annotations
@@ -97,6 +94,9 @@ class _ChunkedHead(torch.autograd.Function):
     loss L with respect to z_j is  g_logp * (1[j = token] - p_j) - g_H * p_j (log p_j + H),
     then divided by T. The backward remakes a chunk's logits from the saved inputs and the
     per-row logsumexp and entropy, and turns that gradient into those of hidden, weight and bias.
+    So the memory held between the passes is the inputs and two numbers per token, and each
+    chunk's logits are walked a handful of times rather than once per op of a generic autograd
+    graph.
     """
 
     @staticmethod

@@ -2,26 +2,9 @@
 gives each formula; each docstring names its paper), one function each, registered beside
 its definition.
 
-A loss names the inputs it reads as parameters (any of `LOSS_INPUTS`, passed by keyword):
-
-    logp [B, T]       the policy's log-probs of the sampled tokens (with gradient)
-    old_logp [B, T]   the sampling policy's; ref_logp [B, T] or None, the reference's
-    advantages [B, T] one per token (a response's advantage repeated over its tokens)
-    mask [B, T]       1.0 on tokens that count in the loss, else 0.0
-    entropy [B, T]    the policy's entropy at each token (with gradient)
-    ratio [B, T]      `algo.ratio`'s importance ratio; lo, hi [B, T] `algo.clip`'s bounds
-    eps_low, eps_high, dual_clip   the algorithm's clip widths and dual clip (None: off)
-    selected [B, T]   bool, the tokens `select` chose over the whole mini-batch (else None)
-
-and its settings as keyword-only parameters with defaults (`algo.loss_settings`). It returns
-``(loss, metrics)``: the loss per token ``[B, T]`` (aggregated by `algo.aggregation`) or, for
-pieces registered with ``needs=("response_advantage",)`` that return ``[B]``, per response
-(averaged over the responses that train); metrics are sums over masked tokens, reported per
-token under the piece's name. A piece that chooses tokens over the whole mini-batch (Clip-Cov,
-KL-Cov) is registered with its `select=`: ``(advantages, logp, mask, ratio, lo, hi, **settings)
--> bool [n, T]``, computed once per mini-batch from the current policy's detached log-probs
-(ratio, lo and hi from `algo.ratio` and `algo.clip` over them), so the choice does not depend
-on how the mini-batch is split into passes. `check=` checks its settings before anything loads.
+A loss names the inputs it reads as parameters (any of `LOSS_INPUTS`, passed by keyword) and
+its settings as keyword-only parameters with defaults (`algo.loss_settings`); it returns
+``(loss, metrics)``, as `register_loss` says.
 """
 
 from __future__ import annotations
@@ -32,11 +15,30 @@ from torch import Tensor
 from rlcli.ops.pieces import Piece, registrar
 from rlcli.ops.policy_loss import clipped_surrogate
 
+# The inputs a loss may name:
+#     logp [B, T]       the policy's log-probs of the sampled tokens (with gradient)
+#     old_logp [B, T]   the sampling policy's; ref_logp [B, T] or None, the reference's
+#     advantages [B, T] one per token (a response's advantage repeated over its tokens)
+#     mask [B, T]       1.0 on tokens that count in the loss, else 0.0
+#     entropy [B, T]    the policy's entropy at each token (with gradient)
+#     ratio [B, T]      `algo.ratio`'s importance ratio; lo, hi [B, T] `algo.clip`'s bounds
+#     eps_low, eps_high, dual_clip   the algorithm's clip widths and dual clip (None: off)
+#     selected [B, T]   bool, the tokens `select` chose over the whole mini-batch (else None)
 LOSS_INPUTS = (
     "logp", "old_logp", "ref_logp", "advantages", "mask", "entropy", "ratio", "lo", "hi",
     "eps_low", "eps_high", "dual_clip", "selected",
 )  # fmt: skip
 LOSSES: dict[str, Piece] = {}
+# `@register_loss(name, needs=..., check=..., select=...)`. A loss returns ``(loss, metrics)``:
+# the loss per token ``[B, T]`` (aggregated by `algo.aggregation`) or, for one registered with
+# ``needs=("response_advantage",)`` that returns ``[B]``, per response (averaged over the
+# responses that train); metrics are sums over masked tokens, reported per token under the
+# piece's name. A loss that chooses tokens over the whole mini-batch (Clip-Cov, KL-Cov) is
+# registered with its `select=`, a function
+#     (advantages, logp, mask, ratio, lo, hi, **settings) -> bool [n, T]
+# computed once per mini-batch from the current policy's detached log-probs (ratio, lo and hi
+# from `algo.ratio` and `algo.clip` over them), so the choice does not depend on how the
+# mini-batch is split into passes. `check=` checks its settings before anything loads.
 register_loss = registrar(LOSSES, LOSS_INPUTS)
 
 

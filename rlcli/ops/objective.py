@@ -3,7 +3,8 @@
 `Objective` holds the piece chosen on each axis (ratio level, clip bounds, KL estimator and
 aggregation from the registries of `ops.policy_loss`, the per-token loss from `ops.losses`)
 with its settings and the coefficients; `policy_objective` applies them to one micro-batch.
-`train.learner.objective_from_config` builds an `Objective` from `algo.*` and `sampler.*`.
+`train.objective_config.objective_from_config` builds an `Objective` from `algo.*` and
+`sampler.*`.
 """
 
 from __future__ import annotations

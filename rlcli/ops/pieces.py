@@ -5,23 +5,8 @@ A piece (a per-token loss, an advantage estimator) is a plain function called by
 Its parameters that are in the caller's list of inputs are inputs; its keyword-only
 parameters with a default are its settings (`algo.loss_settings`, `algo.advantage_settings`),
 so the default lives once, in the signature, and validation reads the names and types from
-there. `needs` says what the run must provide:
-
-- ``critic``: a value model (PPO's), trained beside the policy;
-- ``groups``: G >= 2 responses per prompt (`trainer.group_size`);
-- ``response_advantage``: one advantage per response (not per token);
-- ``greedy``: a greedy response per prompt, sampled and scored in the same step;
-- ``reference``: the reference model's log-probs;
-- ``minibatch_stats``: the current policy's log-probs and entropies over the whole
-  mini-batch before its passes (a selection that must not depend on how it is split);
-- ``step_rewards``: a reward per reasoning step (`reward=process`);
-- ``whole_batch``: statistics over the whole batch (whitening, counts), which are not gathered
-  across torchrun ranks yet, so the piece runs in one process only;
-- ``on_policy``: exactly on-policy updates (one mini-batch, one epoch); more are warned of.
-
-A piece may also bring a `check` of its settings (``settings -> why they are invalid, or
-None``), run before anything loads, and a loss its mini-batch token `select`ion (Clip-Cov,
-KL-Cov: `ops.losses`).
+there. `NEEDS` lists what a piece may need from the run; a piece may also bring a `check` of
+its settings, and a loss its mini-batch token `select`ion (`Piece`).
 """
 
 from __future__ import annotations
@@ -30,6 +15,18 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+# What a piece may need from the run (`needs=`):
+# - critic: a value model (PPO's), trained beside the policy;
+# - groups: G >= 2 responses per prompt (`trainer.group_size`);
+# - response_advantage: one advantage per response (not per token);
+# - greedy: a greedy response per prompt, sampled and scored in the same step;
+# - reference: the reference model's log-probs;
+# - minibatch_stats: the current policy's log-probs and entropies over the whole mini-batch
+#   before its passes (a selection that must not depend on how it is split);
+# - step_rewards: a reward per reasoning step (`reward=process`);
+# - whole_batch: statistics over the whole batch (whitening, counts), which are not gathered
+#   across torchrun ranks yet, so the piece runs in one process only;
+# - on_policy: exactly on-policy updates (one mini-batch, one epoch); more are warned of.
 NEEDS = (
     "critic", "groups", "response_advantage", "greedy", "reference", "minibatch_stats",
     "step_rewards", "whole_batch", "on_policy",
@@ -46,9 +43,15 @@ class Piece:
     settings: dict[str, object]  # its own settings, name -> default
     needs: frozenset[str] = field(default_factory=frozenset)
     doc: str = ""  # its docstring's first line, for --help
-    # settings -> why they are invalid, a sentence starting "key=value ...", or None
+    # settings -> why they are invalid, a sentence starting "key=value ...", or None; run
+    # before anything loads
     check: Callable[[dict], str | None] | None = None
-    select: Callable | None = None  # a loss's token selection over the mini-batch
+    # a loss's token selection over the mini-batch (Clip-Cov, KL-Cov: `ops.losses`)
+    select: Callable | None = None
+    # a factory of the state an estimator keeps across steps (DCPO's per-prompt statistics):
+    # an object with `state_dict`/`load_state_dict`, which the run holds, hands the piece as
+    # `x.state` each step, and checkpoints
+    state: Callable[[], object] | None = None
 
     def __call__(self, *args, **kwargs):
         """The function itself, called as written."""
@@ -61,7 +64,13 @@ class Piece:
 
 
 def piece(
-    name: str, fn: Callable, inputs: tuple[str, ...], needs=(), check=None, select=None
+    name: str,
+    fn: Callable,
+    inputs: tuple[str, ...],
+    needs=(),
+    check=None,
+    select=None,
+    state=None,
 ) -> Piece:
     """A `Piece` from `fn`'s signature; ValueError if it takes something that is neither an
     input nor a setting with a default."""
@@ -80,18 +89,21 @@ def piece(
                 "nor a keyword-only setting with a default (def f(..., *, name=default))"
             )
     doc = (inspect.getdoc(fn) or "").split("\n")[0]
-    return Piece(name, fn, frozenset(taken), settings, frozenset(needs), doc, check, select)
+    if state is not None and not callable(state):
+        raise ValueError(f"{name}: state must make the piece's state (a class or function)")
+    needs, taken = frozenset(needs), frozenset(taken)
+    return Piece(name, fn, taken, settings, needs, doc, check, select, state)
 
 
 def registrar(registry: dict[str, Piece], inputs: tuple[str, ...]):
-    """A decorator `register(name, needs=..., check=..., select=...)` that adds a function to
-    `registry`."""
+    """A decorator `register(name, needs=..., check=..., select=..., state=...)` that adds a
+    function to `registry`."""
 
-    def register(name: str, *, needs=(), check=None, select=None):
+    def register(name: str, *, needs=(), check=None, select=None, state=None):
         def add(fn: Callable) -> Callable:
             if name in registry:
                 raise ValueError(f"a piece named {name!r} is registered already")
-            registry[name] = piece(name, fn, inputs, needs, check, select)
+            registry[name] = piece(name, fn, inputs, needs, check, select, state)
             return fn
 
         return add

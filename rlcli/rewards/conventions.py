@@ -2,21 +2,11 @@
 
 - rlcli's: `fn(prompts, responses, answers, **fields)`, prompts and responses as text;
 - TRL's (`GRPOTrainer(reward_funcs=...)`): `fn(prompts, completions, **kwargs)`, prompts and
-  completions in the dataset's format, as TRL gives them: text, or for conversational data
-  (a prompt of chat messages) the prompt's messages and each completion as
-  `[{"role": "assistant", "content": text}]` (a prompt that ends with an assistant message,
-  which the model continued, gives that message up: its text starts the completion, as in TRL);
-  with `completion_ids` (each response's token ids)
-  and `trainer_state` (`global_step`, `max_steps`), given to a function that names them or
-  takes **kwargs.
-
-Either returns one float per response (None: no reward for that response). In both, every field
-of the problem's record (a data file's columns: `solution`, `level`, ...) comes as a keyword
-list too, one entry per response. A function without `**kwargs` is given only the keywords it
-names. `call_plan` reads the signature with `inspect` when the worker imports the function, so
-one that fits neither convention is a config error before any model loads, and the fields it
-requires are checked against the data before training starts; `read_scores` checks what a call
-returns. Standard library only: the worker process imports this module.
+  completions in the dataset's format, as TRL gives them (`trl_prompt_and_completion`).
+Either returns one float per response (None: no reward for that response). `call_plan` reads
+the signature when the worker imports the function, `call_keywords` makes a call's keywords and
+`read_scores` checks what it returns; docs/data-and-reward.md gives the whole contract. Standard
+library only: the worker process imports this module.
 """
 
 from __future__ import annotations
@@ -65,7 +55,9 @@ class CallPlan:
 
 def call_plan(fn: Callable, label: str) -> CallPlan:
     """How `fn` is called, from its signature; BadSignature, naming `label` (what the user
-    wrote) and the parameters, when it fits neither convention."""
+    wrote) and the parameters, when it fits neither convention: a config error before any model
+    loads. The fields it requires (`CallPlan.fields`) are checked against the data before
+    training starts."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a C function: no signature to read; given everything
@@ -135,8 +127,9 @@ def trl_prompt_and_completion(prompt: str, response: str, conversation: Sequence
     for a conversation, its messages and the response as an assistant message. A conversation
     that ends with an assistant message, which the model continued, gives that message up and
     its text starts the completion (TRL's "bootstrap")."""
-    # Imported here: the reward worker imports this module, and rlcli.data would add 80 ms to
-    # each worker's start; only the parent builds the keywords.
+    # Imported here: the reward worker imports this module, and rlcli.data would slow each
+    # worker's start (see docs/performance.md, "Start-up: what is imported late"); only the
+    # parent builds the keywords.
     from rlcli.data.problems import content_text
 
     if conversation is None:

@@ -6,10 +6,6 @@
 - `split_steps`, `token_index_at_char` and `step_reward_tensors` turn the PRM's per-step
   scores, which live in character offsets of the response text, into the per-token
   `step_rewards` / `step_end_mask` that `ops.advantages.grpo_process_advantages` takes.
-
-Both models see the conversation [user: question, assistant: response] rendered with their own
-chat template when they have one, else `question + "\\n\\n" + response`, truncated from the
-left to `max_length` tokens so the end of the response, which matters most, is always kept.
 """
 
 from __future__ import annotations
@@ -42,6 +38,8 @@ def _load_frozen(auto_class, path: str, device: torch.device, dtype: str):
 
 
 def _render(tokenizer, question: str, response: str) -> str:
+    """What both models see: the conversation [user: question, assistant: response] rendered
+    with their own chat template when they have one, else `question + "\\n\\n" + response`."""
     if not tokenizer.chat_template:
         return question + "\n\n" + response
     messages = [
@@ -52,6 +50,8 @@ def _render(tokenizer, question: str, response: str) -> str:
 
 
 def _encode(tokenizer, texts: list[str], max_length: int, device: torch.device):
+    """`texts` tokenized and truncated from the left (the tokenizer's truncation side, set at
+    load) to `max_length` tokens, so the end of the response, which matters most, is kept."""
     # A chat template writes its own BOS; plain text gets the tokenizer's special tokens
     # (added after truncation, so a left cut never removes them).
     return tokenizer(

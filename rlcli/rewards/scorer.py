@@ -2,18 +2,11 @@
 
 `reward.components` names the components and `reward.weights` their weights (default 1);
 `python` stands for the functions of `reward.function`, each a component named after itself
-(`rlcli.rewards.components`). A response's reward is the weighted sum, plus DAPO's soft
-overlong punishment when `reward.overlong_cache_len` is set. Every component is logged on its
-own (`reward/<name>`); a weight of 0 logs a component without training on it, so its failures
-are counted apart (`reward/log_only_errors`) and never touch the total. A trained component
-that raises, runs past `reward.timeout_s` (0: no limit) or returns what is no float32 number on
-one sample marks that sample as missing (NaN): the trainer gives it no gradient and counts it
-in `reward/errors`, and the run goes on; a batch with no score at all is `Unscorable`. The
-rules themselves are in `rlcli.rewards`; they run in this process, under a SIGALRM time
-limit. The user's functions (`reward=python`) run in worker processes
-(`rlcli.rewards.worker`), one per function, so that one that hangs in C code, exits, crashes
-or prints costs its samples, not the run; each is called in rlcli's convention or TRL's,
-whichever its signature has (`rlcli.rewards.conventions`).
+(`rlcli.rewards.components`). `Scorer.score` gives each response the weighted sum, NaN where a
+trained component failed; a batch with no score at all is `Unscorable`. The rules
+(`rlcli.rewards`) run in this process under a SIGALRM time limit; the user's functions run in
+worker processes (`rlcli.rewards.worker`), one per function, so that one that hangs, exits,
+crashes or prints costs its samples, not the run.
 """
 
 from __future__ import annotations
@@ -204,8 +197,14 @@ class Scorer:
         return scores
 
     def score(self, samples: list[Sample]) -> Scores:
-        """Each component over `samples` and their weighted total, NaN where a trained
-        component has no score; a batch with none is returned as it is."""
+        """Each component over `samples` and their weighted total, plus DAPO's soft overlong
+        punishment when `reward.overlong_cache_len` is set; a batch with no score is returned
+        as it is. A trained component that raises, runs past `reward.timeout_s` (0: no limit)
+        or returns what is no float32 number on one sample marks that sample as missing (NaN):
+        the trainer gives it no gradient and counts it in `reward/errors`, and the run goes on.
+        Every component is logged on its own (`reward/<name>`); a weight of 0 logs one without
+        training on it, so its failures are counted apart (`reward/log_only_errors`) and never
+        touch the total."""
         weights = self.cfg.weights or [1.0] * len(self.names)
         components, errors, log_only_errors, steps = {}, [], [], None
         total = torch.zeros(len(samples))

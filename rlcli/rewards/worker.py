@@ -2,27 +2,11 @@
 
 A function that hangs in C code, calls `sys.exit` or `os._exit`, raises KeyboardInterrupt,
 segfaults or prints cannot be stopped or contained from inside the process that runs it, so
-the scorer runs it here: `python -P -m rlcli.rewards.worker SPEC [PATH ...]`, one worker per
-function of reward.function, started when the scorer is built. The two speak JSON lines over
-the worker's stdin and stdout. The worker first imports the function and reads its signature
-(`conventions.call_plan`), then replies `{"ready": true, "plan": {...}}` or
-`{"bad_spec": why}`; then each request is one call, `{"n": responses, "kwargs": {keyword:
-list}}`, and each reply is `{"scores": [...], "invalid": [[i, why], ...]}` or `{"error": why}`.
-The parent's end, `FunctionWorker`, waits for a reply with a deadline; past it, or when the
-worker dies, it kills the worker's process group, and the next call starts a fresh worker.
-
-`-P` keeps the current directory from shadowing installed packages (a `yaml.py` there does
-not replace PyYAML); the worker appends the current directory, then the parent's own
-sys.path, at the end, so `package.module:function` still finds a module there. The
-function's prints go to the worker's stderr (the real stdout carries only the protocol), a pipe
-the parent copies to its own `sys.stderr` as it reads replies: they show on the console, as
-they would in the training process, and reach the job's log (train.log) with it. The worker
-ignores SIGINT and runs in a session of its own: Ctrl-C belongs to the parent, whose training
-loop saves a checkpoint. Only the standard library is imported here (no torch), so a worker
-starts in tens of milliseconds.
-
-This isolates failures, not permissions: the function runs as the user, with the user's
-files and network. It is not a sandbox.
+the scorer runs it here, one worker per function of reward.function: `serve` is the worker's
+end, `FunctionWorker` the parent's, and they speak JSON lines over the worker's stdin and
+stdout. Only the standard library is imported here (no torch), so that a worker starts quickly
+(docs/performance.md, "Start-up: what is imported late"). This isolates failures, not
+permissions: the function runs as the user, with the user's files and network.
 """
 
 from __future__ import annotations
@@ -119,7 +103,16 @@ def call(fn: Callable, n: int, kwargs: dict) -> dict:
 
 
 def serve(spec: str, path: list[str]) -> None:
-    """Import the function, then answer requests until the parent closes our stdin."""
+    """Import the function, then answer requests until the parent closes our stdin.
+
+    It first imports the function and reads its signature (`conventions.call_plan`), then
+    replies `{"ready": true, "plan": {...}}` or `{"bad_spec": why}`; then each request is one
+    call, `{"n": responses, "kwargs": {keyword: list}}`, and each reply is `{"scores": [...],
+    "invalid": [[i, why], ...]}` or `{"error": why}`. The function's prints go to stderr (the
+    real stdout carries only the protocol), which the parent copies to its own. The worker
+    ignores SIGINT (and runs in a session of its own): Ctrl-C belongs to the parent, whose
+    training loop saves a checkpoint. `path` (the parent's sys.path) is appended after the
+    current directory, at the end, so `package.module:function` still finds a module there."""
     requests = os.fdopen(os.dup(0), "rb")
     replies = os.fdopen(os.dup(1), "wb")  # os.dup's copies are not inherited by children
     null = os.open(os.devnull, os.O_RDONLY)
@@ -156,7 +149,9 @@ def serve(spec: str, path: list[str]) -> None:
 
 
 def worker_command() -> list[str]:
-    """The command that starts a worker, without the current directory on its sys.path."""
+    """The command that starts a worker (`python -P -m rlcli.rewards.worker SPEC [PATH ...]`),
+    without the current directory on its sys.path: a `yaml.py` there does not replace PyYAML
+    (`serve` appends the directory at the end)."""
     if sys.version_info >= (3, 11):
         return [sys.executable, "-P", "-m", "rlcli.rewards.worker"]
     run = "import runpy; runpy.run_module('rlcli.rewards.worker', run_name='__main__')"
@@ -223,8 +218,8 @@ class FunctionWorker:
 
     def call(self, kwargs: dict, limit: float) -> Outcome:
         """fn(**kwargs) in the worker (each keyword a list, one entry per response), killed
-        past `limit` seconds (inf: never). A worker killed or dead is replaced at once, and
-        its restart counts in the outcome's seconds."""
+        with its process group past `limit` seconds (inf: never). A worker killed or dead is
+        replaced at once, and its restart counts in the outcome's seconds."""
         began = time.monotonic()
         if self._proc is None:  # the last restart failed: try again
             try:

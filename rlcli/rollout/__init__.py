@@ -1,6 +1,7 @@
-"""Sampling responses: the `Rollout` batch (`batch`), the `Sampler` protocol and the
-`SAMPLERS` registry (`samplers`), and the samplers themselves: `hf` (transformers' generate
-on the learner's weights) and `vllm_engine` (a vLLM engine in the learner's process).
+"""Sampling responses: the `Rollout` batch (`batch`), the sampler contract (`contract`), the
+backends `sampler.name` picks from, one module each (`backends/`), and the samplers
+themselves: `hf` (transformers' generate on the learner's weights), `vllm_engine` (a vLLM
+engine in the learner's process) and `workers` (vLLM servers in processes of their own).
 
-Choosing `sampler=hf` never imports vLLM: a sampler's module is imported when it is picked.
+Choosing `sampler=hf` never imports vLLM: a backend imports its sampler's module in `make`.
 """

@@ -8,7 +8,7 @@ prompts are left-padded to a common width P and responses right-padded to a widt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -31,15 +31,14 @@ class Rollout:
     # [B, T] log-prob of each response token as the sampler computed it (vLLM); None when the
     # sampler is the learner itself (sampler=hf)
     sampler_logp: Tensor | None = None
-    # [B, T] process rewards: a step's score at the token where the step ends, NaN elsewhere;
-    # None unless reward=process
-    step_rewards: Tensor | None = None
     # [B] tool calls each episode made (env=...); None for single-turn sampling. With tools,
     # response_mask is 0 on the tool turns inside a response (attention_mask is 1 there).
     tool_calls: Tensor | None = None
-    # [B] the reward of the policy's greedy response to each response's prompt (ReMax's
-    # baseline); None unless the advantage estimator needs it
-    baseline_scores: Tensor | None = None
+    # What scoring adds for the advantage estimator, by `ops.advantages.AdvantageInputs`
+    # field: [B] per response or [B, T] per token, NaN where there is none (a process reward's
+    # `step_rewards` at the tokens where steps end, ReMax's `greedy_scores`). Kept with the
+    # responses so that shaping's row selection carries them; empty unless one is needed.
+    estimator_inputs: dict[str, Tensor] = field(default_factory=dict)
     # [B] each episode's transcript (env=...; `env.episode.Episode.transcript`: its turns,
     # calls and token counts), for samples.jsonl; None for single-turn sampling
     episodes: list[dict] | None = None
@@ -181,20 +180,24 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         sampler_logp=None
         if parts[0].sampler_logp is None
         else torch.cat([_pad_to(r.sampler_logp, t, 0, left=False) for r in parts]),
-        step_rewards=None
-        if parts[0].step_rewards is None
-        else torch.cat([_pad_to(r.step_rewards, t, math.nan, left=False) for r in parts]),
         tool_calls=None
         if parts[0].tool_calls is None
         else torch.cat([r.tool_calls for r in parts]),
-        baseline_scores=None
-        if parts[0].baseline_scores is None
-        else torch.cat([r.baseline_scores for r in parts]),
+        estimator_inputs={
+            name: torch.cat([_response_width(r.estimator_inputs[name], t) for r in parts])
+            for name in parts[0].estimator_inputs
+        },
         episodes=None if parts[0].episodes is None else [x for r in parts for x in r.episodes],
         token_versions=None
         if any(r.token_versions is None for r in parts)
         else torch.cat([_pad_to(r.token_versions, t, -1, left=False) for r in parts]),
     )
+
+
+def _response_width(value: Tensor, t: int) -> Tensor:
+    """A per-token estimator input padded with NaN to `t` response tokens; a per-response one
+    as it is."""
+    return _pad_to(value, t, math.nan, left=False) if value.dim() == 2 else value
 
 
 def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
@@ -211,9 +214,8 @@ def select_rows(batch: Rollout, rows: list[int]) -> Rollout:
         prompt_ids=[batch.prompt_ids[i] for i in rows],
         answers=[batch.answers[i] for i in rows],
         sampler_logp=None if batch.sampler_logp is None else batch.sampler_logp[dev],
-        step_rewards=None if batch.step_rewards is None else batch.step_rewards[dev],
         tool_calls=None if batch.tool_calls is None else batch.tool_calls[index],
-        baseline_scores=None if batch.baseline_scores is None else batch.baseline_scores[index],
+        estimator_inputs={k: v[index.to(v.device)] for k, v in batch.estimator_inputs.items()},
         episodes=None if batch.episodes is None else [batch.episodes[i] for i in rows],
         token_versions=None if batch.token_versions is None else batch.token_versions[dev],
     )

@@ -8,10 +8,14 @@ import torch
 
 from rlcli.env.episode import Turn
 from rlcli.rollout.batch import Rollout, eos_token_ids, response_mask_from
+from rlcli.rollout.contract import Sampler
 
 
-class HFSampler:
+class HFSampler(Sampler):
     """Samples with `model.generate` on the learner's own weights, so it never needs a sync."""
+
+    # Nothing for a checkpoint to keep (the base's `state_dict`): sampling draws from torch's
+    # generator, which checkpoints save.
 
     @property
     def device(self):
@@ -19,16 +23,6 @@ class HFSampler:
 
     def sync(self, policy) -> None:
         """Nothing to push: generate() runs on the policy being trained."""
-
-    def state_dict(self) -> dict:
-        """Nothing to keep: sampling draws from torch's generator, which checkpoints save."""
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     def __init__(
         self,

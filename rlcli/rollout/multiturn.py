@@ -22,6 +22,7 @@ from rlcli.env import call_format
 from rlcli.env.episode import run_episodes
 from rlcli.env.tools import Toolbox
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
+from rlcli.rollout.contract import Sampler
 
 _ASSISTANT, _TOOL = "\x00assistant\x00", "\x00tool\x00"
 
@@ -42,18 +43,30 @@ def tool_turn_text(tokenizer) -> tuple[str, str]:
         return "\n<result>\n", "\n</result>\n"
 
 
-class EpisodeSampler:
+class EpisodeSampler(Sampler):
     """A sampler whose responses are whole episodes: the model's turns and the tool turns
     between them, the latter masked out of `response_mask`."""
 
-    def __init__(self, base, tokenizer, env: EnvConfig, cfg: SamplerConfig):
+    def __init__(
+        self,
+        base: Sampler,
+        tokenizer,
+        env: EnvConfig,
+        cfg: SamplerConfig,
+        own_logprobs: bool = False,
+    ):
         self.base, self.tokenizer, self.env, self.cfg = base, tokenizer, env, cfg
+        self.own_logprobs = own_logprobs  # the base's backend returns log-probs of its own
         self.calls = call_format(env, tokenizer)
         self.toolbox = Toolbox(env, self.calls)
         self.before, self.after = tool_turn_text(tokenizer)
 
     def sync(self, policy) -> None:
         self.base.sync(policy)
+
+    @property
+    def device(self):
+        return self.base.device
 
     @property
     def version(self) -> int:
@@ -71,8 +84,7 @@ class EpisodeSampler:
 
     def close(self) -> None:
         """Stop the rollout workers the base sampler started, if any."""
-        if hasattr(self.base, "close"):
-            self.base.close()
+        self.base.close()
 
     def _tool_tokens(self, output: str) -> list[int]:
         """A tool turn's tokens: the template's wrapper, with its special tokens, around the
@@ -115,7 +127,6 @@ class EpisodeSampler:
                 self.env.max_tokens,
                 self.cfg.max_new_tokens,
             )
-        has_logprobs = self.cfg.name == "vllm"
         versions = [e.versions for e in episodes]
         return rollout_from_tokens(
             starts,
@@ -126,7 +137,7 @@ class EpisodeSampler:
             device=self.base.device,
             answers=[a for a in answers for _ in range(group_size)],
             truncated=[e.truncated for e in episodes],
-            sampler_logp=[e.logprobs for e in episodes] if has_logprobs else None,
+            sampler_logp=[e.logprobs for e in episodes] if self.own_logprobs else None,
             own_masks=[e.mask for e in episodes],
             tool_calls=[e.calls for e in episodes],
             episodes=[e.transcript() for e in episodes],

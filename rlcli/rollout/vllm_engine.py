@@ -11,7 +11,7 @@ engine settings (Hydra multirun jobs, tests): its start-up costs tens of seconds
 pushes its own initial weights into it before sampling anyway.
 
 vLLM's log goes to train.log (`tracking.console`); the warnings it logs on every run, that
-nobody can act on, are written there at INFO (`vllm_notices`).
+nobody can act on, are written there at INFO (`vllm_shared`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ from omegaconf import OmegaConf
 from rlcli.config import CONF_DIR, SamplerConfig
 from rlcli.env.episode import Turn
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
-from rlcli.rollout.vllm_notices import (
+from rlcli.rollout.contract import Sampler
+from rlcli.rollout.vllm_shared import (
     checkpoint_casts_expected,
     expected_reload_notices,
     quiet_routine_notices,
+    repack_tied_head,
+    sampling_settings,
     weightless_layers,
 )
 from rlcli.runtime.lora import sampler_weights
@@ -147,44 +150,7 @@ def _load_weights(worker, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     repack_tied_head(runner.get_model())
 
 
-def repack_tied_head(model: torch.nn.Module) -> None:
-    """vLLM's CPU backend packs the LM head's weight for its GEMM kernel at load time. A head
-    tied to the embedding receives no weight of its own in an update, so its packed copy
-    would keep the old values: re-pack it from the (now updated) shared tensor."""
-    head = getattr(model, "lm_head", None)
-    if head is not None and hasattr(head, "cpu_linear"):
-        head.quant_method.process_weights_after_loading(head)
-
-
-def sampling_settings(
-    cfg: SamplerConfig,
-    group_size: int,
-    eos_ids: set[int],
-    temperature: float | None,
-    top_p: float | None = None,
-) -> dict:
-    """vLLM's sampling parameters for one call, as keyword arguments of `SamplingParams` (the
-    engine in this process) or the JSON `sampling_params` of a worker's generate route;
-    `temperature` and `top_p`, when given, replace the sampler's (evaluation). A greedy call
-    (temperature 0) is the policy's argmax: top_k and min_p cannot change it, and the
-    repetition penalty, which would, is left off."""
-    temperature = cfg.temperature if temperature is None else temperature
-    return {
-        "n": group_size,
-        "temperature": temperature,
-        "top_p": cfg.top_p if top_p is None else top_p,
-        "top_k": max(cfg.top_k, 0),  # sampler.top_k=-1 is off, as 0 is
-        "min_p": cfg.min_p,
-        "repetition_penalty": cfg.repetition_penalty if temperature > 0 else 1.0,
-        "max_tokens": cfg.max_new_tokens,
-        "stop": list(cfg.stop) or None,
-        "include_stop_str_in_output": True,  # the text must match the trained tokens
-        "stop_token_ids": sorted(eos_ids),
-        "logprobs": 0,  # the sampled token's own log-prob only
-    }
-
-
-class VLLMSampler:
+class VLLMSampler(Sampler):
     """Samples a group per prompt with vLLM; `sync(policy)` pushes the learner's weights."""
 
     def __init__(
@@ -210,9 +176,6 @@ class VLLMSampler:
 
     def load_state_dict(self, state: dict) -> None:
         self.calls = state["calls"]
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     def _wake(self) -> None:
         if self.asleep:

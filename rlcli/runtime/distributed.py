@@ -2,12 +2,11 @@
 
 `torchrun --nproc_per_node N -m rlcli train ...` starts N ranks. Each samples and scores its
 own share of the step's prompts with its own rollout engine, and the learner is one model
-sharded across the ranks with FSDP2 (`fully_shard`; NCCL on CUDA, gloo on CPU). The loss of
-each rank is its share of the global loss (the aggregation divides by the global token and
-response counts), so the gradient of one step equals that of one process on the whole batch.
-
-Outside torchrun (no WORLD_SIZE in the environment) every helper is the identity, so the
-single-process code path is the distributed one with one rank.
+sharded across the ranks with FSDP2 (`shard`; NCCL on CUDA, gloo on CPU), each rank's loss its
+share of the global loss, so that a step equals one process's on the whole batch
+(docs/scaling.md, "torchrun: several processes, FSDP2"). Outside torchrun (no WORLD_SIZE in the
+environment) every helper is the identity, so the single-process code path is the distributed
+one with one rank.
 """
 
 from __future__ import annotations

@@ -2,17 +2,11 @@
 
 The adapters are injected into the Hugging Face model itself (`add_adapter`), so the learner,
 `generate` and the chunked head call it exactly as they call a fully trained model; only the
-adapters' parameters require gradients. What LoRA changes elsewhere goes through here:
-- the reference is the same model with its adapters switched off (`adapters_off`), so no
-  second copy of the weights is held;
-- vLLM receives the merged weights W + (alpha/r)·B·A (`sampler_weights`), computed one matrix
-  at a time beside the model, which itself is never merged in place;
-- `save_pretrained` writes the adapter only (PEFT's `adapter_model.safetensors` and
-  `adapter_config.json`, naming the base model), and `load_adapters` reads it back;
-- `export_merged` writes one plain Hugging Face model (`rlcli export`).
-A layer tied to another (a tied `lm_head` or `embed_tokens`) is refused (`_check_targets`):
-the one merged copy of its weight that vLLM and the export load could not match the trained
-model, which adapts only one use of it. Untied embeddings and output heads merge exactly.
+adapters' parameters require gradients. What LoRA changes elsewhere goes through here: the
+reference is the same model with its adapters off (`adapters_off`), vLLM receives the merged
+weights (`sampler_weights`), a checkpoint holds the adapter only (`load_adapters` reads it
+back), and `export_merged` writes one plain Hugging Face model (`rlcli export`).
+docs/lora.md says what a user sees.
 """
 
 from __future__ import annotations
@@ -91,7 +85,10 @@ def _linear_names(model: nn.Module, keep: tuple[str, ...]) -> str:
 
 def _check_targets(model: nn.Module, lora: LoraConfig, keep: tuple[str, ...]) -> None:
     """Every name in `model.lora.target_modules` must match a layer (as peft matches: the whole
-    module name or its last parts), each a linear or embedding layer with a weight of its own."""
+    module name or its last parts), each a linear or embedding layer with a weight of its own.
+    A layer tied to another (a tied `lm_head` or `embed_tokens`) is refused: the one merged copy
+    of its weight that vLLM and the export load could not match the trained model, which adapts
+    only one use of it. Untied embeddings and output heads merge exactly."""
     names = list(lora.target_modules)
     if names == [ALL_LINEAR]:
         return  # peft picks the linear layers itself, never the output head
@@ -158,7 +155,9 @@ def add_adapters(model: nn.Module, lora: LoraConfig, keep: tuple[str, ...] = ())
 
 
 def load_adapters(model: nn.Module, directory: Path) -> None:
-    """Put the adapters saved in `directory` (a checkpoint) on the base `model`, trainable."""
+    """Put the adapters saved in `directory` (a checkpoint) on the base `model`, trainable. A
+    checkpoint's `save_pretrained` wrote the adapter only (PEFT's `adapter_model.safetensors`
+    and `adapter_config.json`, naming the base model)."""
     model.load_adapter(str(directory), is_trainable=True)
     dropout_off(model)
 
@@ -174,8 +173,8 @@ def is_adapter_dir(path: Path) -> bool:
 
 @contextlib.contextmanager
 def adapters_off(model: nn.Module):
-    """The base model inside the block: the reference of a LoRA run. A no-op for a model
-    without adapters (a separately loaded reference)."""
+    """The base model inside the block: the reference of a LoRA run, so no second copy of the
+    weights is held. A no-op for a model without adapters (a separately loaded reference)."""
     if not has_adapters(model):
         yield
         return
@@ -213,10 +212,11 @@ def dropout_on(model: nn.Module):
 
 
 def _merged(model: nn.Module, deltas: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every parameter of the model as it would be merged, under the base
-    model's names: W + ΔW for each adapted layer (a new tensor; the model is not touched), the
-    other parameters as they are, tied ones once, the adapters' own parameters never. Without
-    `deltas`, W alone: the same names, dtypes and shapes, nothing computed."""
+    """(name, tensor) of every parameter of the model as it would be merged, under the base model's
+    names: W + ΔW, ΔW = (alpha/r)·B·A, for each adapted layer, one matrix at a time (a new tensor;
+    the model itself is never merged in place), the other parameters as they are, tied ones once,
+    the adapters' own parameters never. Without `deltas`, W alone: the same names, dtypes and
+    shapes, nothing computed."""
     seen: set[int] = set()
     inside: tuple[str, ...] = ()  # prefixes of the adapted layers already yielded
     for name, module in model.named_modules():

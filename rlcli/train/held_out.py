@@ -1,19 +1,12 @@
 """Held-out evaluation: greedy accuracy and pass@k (`rlcli eval`, `trainer.eval_every`).
 
-- accuracy: one greedy reply (temperature 0) per held-out problem, correct when its reward is
-  above `eval.correct_above`;
-- pass@k: `eval.k` replies per problem at `eval.temperature` and `eval.top_p`, scored the
-  same way, and the unbiased estimator of Chen et al. 2021 (Codex, eq. 1): with c correct of
-  n samples, pass@k = 1 - C(n-c, k) / C(n, k), averaged over problems, for k = 1, 2, 4, ...
-  up to n;
-- tool_call_rate (env=...): the share of greedy episodes that called a tool.
-
-Each problem's replies, rewards and correctness come back too (`Evaluation.problems`), for
-`eval_samples.jsonl` (`write_eval_samples`). A reply whose reward failed counts as not correct;
-when no greedy reply has a reward, the evaluation measured nothing (`UnscoredEvaluation`).
-
-Evaluation draws from its own seed, so evaluating during training leaves the training
-samples as they would have been without it.
+`evaluate` samples one greedy reply per held-out problem (accuracy: its reward above
+`eval.correct_above`) and `eval.k` replies at `eval.temperature` for pass@k (`pass_at_k`),
+with the share of greedy episodes that called a tool under env=...; docs/getting-started.md,
+"Evaluate a model", says how each is measured. Each problem's replies come back too
+(`Evaluation.problems`), for `eval_samples.jsonl` (`write_eval_samples`). Evaluation draws
+from its own seed (`EVAL_SEED`), so evaluating during training leaves the training samples as
+they would have been without it.
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ from rlcli.config import EvalConfig
 from rlcli.data.problems import Problem, PromptRenderer, write_jsonl
 from rlcli.rewards.scorer import Scorer, Scores, Unscorable, unscored_reason
 from rlcli.rollout.batch import Rollout
-from rlcli.rollout.samplers import Sampler
+from rlcli.rollout.contract import Sampler
 
 # Evaluation's seed offset from trainer.seed, far from the training stream's call counts.
 EVAL_SEED = 7_777_777
@@ -48,7 +41,8 @@ class UnscoredEvaluation(Unscorable):
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Probability that at least one of k of the n samples is correct, c of them being so."""
+    """Probability that at least one of k of the n samples is correct, c of them being so: the
+    unbiased estimator of Chen et al. 2021 (Codex, eq. 1), 1 - C(n-c, k) / C(n, k)."""
     if n - c < k:
         return 1.0
     miss = 1.0
@@ -58,7 +52,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def pass_at_ks(correct: torch.Tensor) -> dict[str, float]:
-    """pass@k for k = 1, 2, 4, ... up to n, from correct [P, n] bool."""
+    """pass@k for k = 1, 2, 4, ... up to n, from correct [P, n] bool, averaged over problems."""
     n = correct.shape[1]
     counts = correct.sum(-1).tolist()
     ks = sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n})
@@ -125,7 +119,9 @@ def evaluate(
     progress: bool = False,
 ) -> Evaluation:
     """Greedy accuracy and pass@k of the sampler's current weights on `problems`, and what
-    each problem's replies were; UnscoredEvaluation when no greedy reply could be scored."""
+    each problem's replies were. A reply whose reward failed counts as not correct;
+    UnscoredEvaluation when no greedy reply could be scored (the evaluation measured
+    nothing)."""
     problems = problems[: cfg.max_problems] if cfg.max_problems else problems
     each = dict(
         sampler=sampler,

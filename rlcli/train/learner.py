@@ -1,10 +1,10 @@
 """The learner: the optimiser steps of the clipped objective.
 
 `ops.objective.policy_objective` assembles the loss from the pieces chosen in the config
-(`objective_from_config`) and is pure: tensors in, loss and diagnostics out. `learn` is the
-orchestration around it: a `TrainBatch` cut into mini-batches and micro-batches as an
-`UpdatePlan` says, backward, clipping, optimiser steps. The passes' log-probs come from
-`forward.py`.
+(`objective_config.objective_from_config`) and is pure: tensors in, loss and diagnostics out.
+`learn` is the orchestration around it: a `TrainBatch` cut into mini-batches and
+micro-batches as an `UpdatePlan` says, backward, clipping, optimiser steps. The passes'
+log-probs come from `forward.py`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from rlcli.ops.policy_loss import StepCounts
 from rlcli.runtime import distributed
 from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import attention_of, pass_logprobs
-from rlcli.train.objective_config import objective_from_config  # noqa: F401 - the learner's, re-exported
 from rlcli.train.passes import passes
 
 

@@ -22,7 +22,7 @@ from rlcli.lifecycle.hub import check_push, push
 from rlcli.lifecycle.run_dir import check_resume, record_config
 from rlcli.ops.pieces import PieceError
 from rlcli.rewards.scorer import Unscorable
-from rlcli.rollout.worker_client import WorkerLost
+from rlcli.rollout.workers.client import WorkerLost
 from rlcli.runtime import distributed
 from rlcli.tracking.metrics import read_metrics
 from rlcli.tracking.trackers import NoTracker, Tracker
@@ -36,7 +36,8 @@ from rlcli.train.held_out import (
     evaluate,
     write_eval_samples,
 )
-from rlcli.train.objective_config import own_pieces, start_warnings
+from rlcli.train.pieces_chosen import own_pieces
+from rlcli.train.start_warnings import start_warnings
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class Trainer:
     """One kind of training, as the loop drives it. `run` is whatever `setup` returns; it has
     a `step` counter (optimiser steps done) that the loop advances."""
 
-    setup: Callable[[Config, Path | None], Any]  # (cfg, checkpoint or None) -> run
+    # (cfg, checkpoint or None) -> run
+    setup: Callable[[Config, Path | None], Any]
     # run -> the step's one result: metrics, the samples it scored, their advantages
     train_step: Callable[[Any], rl_step.StepResult]
     # (run, run_dir) -> eval metrics due after this step
@@ -52,10 +54,14 @@ class Trainer:
     # (run, run_dir) -> the held-out metrics of the weights as they are (trainer.val_before_train),
     # None when the data has no held-out split
     evaluate: Callable[[Any, Path], dict[str, float] | None]
-    save: Callable[[Any, Path], Path]  # (run, run_dir) -> the checkpoint written
-    describe: Callable[[Any], str]  # run -> what is trained, for the first line printed
-    before: Callable[[Any], str | None] = lambda run: None  # a line to print before step 1
-    headline: str = "reward/mean"  # the metric the progress bar shows
+    # (run, run_dir) -> the checkpoint written
+    save: Callable[[Any, Path], Path]
+    # run -> what is trained, for the first line printed
+    describe: Callable[[Any], str]
+    # run -> a line to print before step 1, or None
+    before: Callable[[Any], str | None] = lambda run: None
+    # the metric the progress bar shows
+    headline: str = "reward/mean"
     # (run, a step's metrics) -> why that step learned nothing, or None when it had a signal
     no_signal: Callable[[Any, dict], rl_step.NoSignal | None] = lambda run, metrics: None
 
@@ -317,7 +323,7 @@ def train(cfg: Config, run_dir: Path) -> Path:
     if finished:
         return run_dir / "metrics.jsonl"
     run, tracker = _start(cfg, trainer, checkpoint, run_dir, say)
-    # (what a step lacked, the metric that shows it) -> the steps of this start that lacked it
+    # unlearned: (what a step lacked, the metric that shows it) -> this start's steps lacking it
     first_step, unlearned = run.step + 1, {}
     last_saved = run.step  # the checkpoint resumed from, or nothing (0)
     with LoopGuard(t.max_bad_steps, tracker.write, own_pieces(cfg)) as guard:

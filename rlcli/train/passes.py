@@ -1,23 +1,12 @@
 """The learner's forward passes: which responses go through the model together, and how.
 
 A `Pass` is one forward pass's input rows and, for each response token, the position whose
-output predicts it. Two layouts:
-
-- padded (`micro_batches`): a row per response, its prompt left-padded and its response
-  right-padded to the micro-batch's widest (the `Rollout`'s own layout, trimmed);
-- shared prompts (`passes`, each pass built by `shared_prompt_pass`): a row per group, its
-  prompt once and then each of the group's responses, under an attention mask in which every
-  response sees the prompt and its own earlier tokens, not its siblings. A group of G
-  responses to a P-token prompt reads P + sum(lengths) tokens instead of G x P + sum(lengths):
-  on the default GRPO batch (4 x 4, prompts of ~46 tokens, responses <= 48) about a third
-  fewer (docs/performance.md). The prompt's outputs are then computed once and receive the
-  gradients of all G responses, which is the sum the padded layout computes G times over (the
-  same value up to rounding). Several groups may follow one another in a row (`pack_rows`),
-  each attending only within itself, so that rows of unequal length need no padding.
-
-The shared layout's mask goes to the model in the form its attention takes: additive floats
-(eager), booleans (sdpa), or a block mask for `flex_attention` (CUDA), which skips the blocks
-a group does not see instead of computing and masking them.
+output predicts it. Two layouts: padded (`micro_batches`), a row per response, its prompt
+left-padded and its response right-padded to the micro-batch's widest (the `Rollout`'s own
+layout, trimmed); and shared prompts (`passes`, each built by `shared_prompt_pass`), a row per
+group, its prompt once and then each of the group's responses, under an attention mask in which
+every response sees the prompt and its own earlier tokens, not its siblings (docs/performance.md,
+"What the learner does").
 """
 
 from __future__ import annotations
@@ -277,7 +266,14 @@ def shared_prompt_pass(
     sharing a prompt) laid one after the other; `spans[i]` the columns of response i the pass
     reads, `prompt_of[i]` its `real_prompt`. Laid out where `batch` is, then moved to `device`
     (None: the same). Returns (the responses' positions in pass order [b], the Pass, their
-    response mask [b, t])."""
+    response mask [b, t]).
+
+    A group of G responses to a P-token prompt reads P + sum(lengths) tokens instead of
+    G x P + sum(lengths): about a third fewer on the default GRPO batch. The prompt's outputs are
+    computed once and receive the gradients of all G responses, which is the sum the padded
+    layout computes G times over (the same value up to rounding). Several groups may follow one
+    another in a row (`pack_rows`), each attending only within itself, so that rows of unequal
+    length need no padding."""
     width, host = batch.prompt_width, batch.input_ids.device
     device = device or host
 
@@ -330,7 +326,8 @@ def shared_prompt_pass(
 def attention_mask(doc: Tensor, segment: Tensor, attention: str):
     """`segment_mask` in the form the model's `attention` takes: a flex_attention block mask,
     booleans [R, 1, L, L] for sdpa, additive floats (0 or very negative) for eager attention,
-    which adds the mask to its scores."""
+    which adds the mask to its scores. The block mask (CUDA) skips the blocks a group does not
+    see instead of computing and masking them."""
     if attention == "flex_attention":
         return flex_block_mask(doc, segment)
     mask = segment_mask(doc, segment)[:, None]

@@ -29,12 +29,12 @@ from rlcli.lifecycle.checkpoint import (
     set_python_rng_state,
 )
 from rlcli.lifecycle.run_dir import config_dict
-from rlcli.ops.advantages import SasTracker
 from rlcli.ops.objective import Objective
 from rlcli.ops.pieces import Piece
 from rlcli.rewards.components import component_names
 from rlcli.rewards.scorer import Scorer
-from rlcli.rollout.samplers import Sampler, SamplerSetup, make_sampler, objective_sampler
+from rlcli.rollout.backends import make_sampler, objective_sampler
+from rlcli.rollout.contract import Sampler, SamplerSetup
 from rlcli.runtime import distributed
 from rlcli.runtime.init_kwargs import trusts_remote_code
 from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
@@ -52,8 +52,8 @@ from rlcli.runtime.precision import WorkingWeights
 from rlcli.runtime.seed import seed_everything
 from rlcli.train.critic import make_critic
 from rlcli.train.forward import TokenLogprobModel
-from rlcli.train.learner import objective_from_config
-from rlcli.train.objective_config import advantage_piece
+from rlcli.train.objective_config import objective_from_config
+from rlcli.train.pieces_chosen import advantage_piece
 from rlcli.train.schedule import lr_schedule
 
 
@@ -76,7 +76,6 @@ class Run:
     sampler: Sampler
     render: PromptRenderer  # a question as the prompt the sampler is given
     collector: Collector  # each step's sampled, scored and shaped batch
-    # Keeps what it scores while recording (the loop's table of samples)
     scorer: Scorer
     objective: Objective
     estimator: Piece  # algo.advantage's, resolved once
@@ -85,7 +84,9 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     prompts: PromptStream
     test_problems: list[Problem]  # held out: trainer.eval_every evaluates on them
-    sas: SasTracker  # DCPO's per-prompt state (empty for other estimators)
+    # The estimator's state across steps (`Piece.state`: DCPO's per-prompt statistics); None
+    # for the estimators that keep none.
+    estimator_state: object | None
     beta: float  # KL coefficient; moves when algo.kl_target is set (adaptive controller)
     ptx_texts: list[str]
     rng: random.Random  # DUPO's choice of groups to duplicate, ptx batches
@@ -142,7 +143,7 @@ def _reference(cfg: Config, policy, model_path: str, compute: str, device):
     return reference
 
 
-def _collector(cfg: Config, sampler, scorer, render, prompts, greedy: bool, rng) -> Collector:
+def _collector(cfg: Config, sampler, scorer, render, prompts, needs, rng) -> Collector:
     t, algo, world = cfg.trainer, cfg.algo, distributed.world_size()
     return Collector(
         sampler=sampler,
@@ -158,7 +159,7 @@ def _collector(cfg: Config, sampler, scorer, render, prompts, greedy: bool, rng)
             algo.dupo_fill,
             tuple(component_names(cfg.reward)),
         ),
-        greedy=greedy,
+        needs=needs,
         rng=rng,
         max_staleness=cfg.sampler.max_staleness,
         rank=distributed.rank(),
@@ -226,18 +227,18 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         working.follow(optimizer)
     scheduler = lr_schedule(optimizer, t)
     prompts, rng = PromptStream(train_set, t.seed), random.Random(t.seed)
-    greedy = "greedy" in estimator.needs
     run = Run(
         cfg=cfg, model_path=model_path, device=device, compute_dtype=compute,
         learner_autocast=learner_autocast, tokenizer=tokenizer, policy=policy,
         learner=learner, reference=reference, critic=critic,
         critic_optimizer=critic_optimizer, sampler=sampler, scorer=scorer, render=render,
-        collector=_collector(cfg, sampler, scorer, render, prompts, greedy, rng),
+        collector=_collector(cfg, sampler, scorer, render, prompts, estimator.needs, rng),
         objective=objective_from_config(algo, objective_sampler(cfg.sampler, t),
                                         norm_len=algo.norm_len or budget),
         estimator=estimator, advantage_settings=dict(algo.advantage_settings),
         optimizer=optimizer, scheduler=scheduler, prompts=prompts,
-        test_problems=test_set, sas=SasTracker(), beta=algo.beta, ptx_texts=ptx_texts, rng=rng,
+        test_problems=test_set, estimator_state=estimator.state() if estimator.state else None,
+        beta=algo.beta, ptx_texts=ptx_texts, rng=rng,
     )  # fmt: skip
     if checkpoint is not None:
         restore(run, checkpoint)
@@ -297,7 +298,7 @@ def run_state(run: Run) -> tuple[dict, dict]:
         "data_position": position,
         "rounds_ahead_discarded": ahead,
         "beta": run.beta,
-        "sas": run.sas.state_dict(),
+        "estimator_state": _state_dict(run.estimator_state),
         "rng": rng_state(),
         "run_rng": python_rng_state(run.rng),
         "sampler": run.sampler.state_dict(),
@@ -308,6 +309,10 @@ def run_state(run: Run) -> tuple[dict, dict]:
     if run.critic_optimizer is not None:
         tensors["critic_optimizer"] = run.critic_optimizer.state_dict()
     return state, tensors
+
+
+def _state_dict(state: object | None) -> dict | None:
+    return None if state is None else state.state_dict()
 
 
 def restore(run: Run, checkpoint: Path) -> None:
@@ -339,7 +344,11 @@ def restore(run: Run, checkpoint: Path) -> None:
             f"{run.step} was saved are not in the checkpoint (sampler.max_staleness): their "
             "problems are sampled again, with the saved weights."
         )
-    run.sas.load_state_dict(state["sas"])
+    if run.estimator_state is not None:
+        # "sas": where checkpoints written before the estimators' state slot kept DCPO's.
+        saved = state.get("estimator_state", state.get("sas"))
+        if saved:
+            run.estimator_state.load_state_dict(saved)
     set_python_rng_state(run.rng, state["run_rng"])
     run.sampler.load_state_dict(state["sampler"])
     restore_rng(state["rng"])  # last: loading models above may have drawn numbers

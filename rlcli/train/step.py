@@ -20,7 +20,7 @@ from rlcli.ops.advantages import AdvantageInputs
 from rlcli.ops.estimate import estimate
 from rlcli.ops.policy_loss import adaptive_kl_beta, kl_reward_penalty
 from rlcli.rollout.batch import Rollout
-from rlcli.rollout.worker_client import WorkerLost
+from rlcli.rollout.workers.client import WorkerLost
 from rlcli.runtime.lora import adapters_off, dropout_on
 from rlcli.runtime.models import autocast
 from rlcli.train.batch import TrainBatch
@@ -229,8 +229,9 @@ def left_out_of_the_loss(rollout: Rollout, scores: torch.Tensor, overlong_filter
     those whose reward failed (or, for ReMax, whose greedy baseline's did), and the truncated
     ones under DAPO's overlong filter."""
     missing = scores.isnan()
-    if rollout.baseline_scores is not None:  # ReMax: no greedy reward, no baseline to learn from
-        missing = missing | rollout.baseline_scores.to(missing.device).isnan()
+    for value in rollout.estimator_inputs.values():
+        if value.dim() == 1:  # one per response that failed (ReMax's greedy reward): no baseline
+            missing = missing | value.to(missing.device).isnan()
     if missing.any():
         keep = (~missing).to(rollout.response_mask)[:, None]
         rollout = dataclasses.replace(rollout, response_mask=rollout.response_mask * keep)
@@ -288,11 +289,10 @@ def with_advantages(run: Run, rollout, scores, *, lengths, old_logp, ref_logp, k
             mask=rollout.response_mask,
             group_size=run.cfg.trainer.group_size,
             prompt_ids=rollout.prompt_ids,
-            sas=run.sas,
+            state=run.estimator_state,
             values=old_values,
-            step_rewards=rollout.step_rewards,
             lengths=lengths,
-            greedy_scores=rollout.baseline_scores,
+            **rollout.estimator_inputs,  # what scoring added for it (`Rollout.estimator_inputs`)
         ),
     )
     advantages = advantages.to(run.device)

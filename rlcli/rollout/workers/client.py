@@ -2,12 +2,10 @@
 
 A worker's transient HTTP failures are retried (`worker_session`); a worker that is not there,
 answers like no vLLM server (`not_a_worker`), fails a request or answers what cannot be
-trained on (`read_answer`: ids inside the model's vocabulary, one finite log-prob per token)
-is a `WorkerLost` naming it (`WorkerClient.lost`), and only the errors of the path to a worker
-count as such (`transport_error`). The weight push's control calls go through vLLM's own
-client (`rollout.weight_push`); a local worker's start is watched where its process is
-(`rollout.worker_processes`). Nothing here imports vLLM, so the training loop of a run that
-never uses workers catches `WorkerLost` without loading it.
+trained on (`read_answer`) is a `WorkerLost` naming it (`WorkerClient.lost`), and only the
+errors of the path to a worker count as such (`transport_error`). The weight push's control
+calls go through vLLM's own client (`workers.weight_push`). Nothing here imports vLLM, so the
+training loop of a run that never uses workers catches `WorkerLost` without loading it.
 """
 
 from __future__ import annotations

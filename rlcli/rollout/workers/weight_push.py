@@ -2,17 +2,11 @@
 weight-transfer API.
 
 The learner is rank 0 of a transfer group of its own with the workers (`WeightPush.connect`,
-on the first push): gloo on CPU (`rollout.gloo_transfer`), NCCL between GPUs. Each push
+on the first push): gloo on CPU (`rollout.workers.gloo_transfer`), NCCL between GPUs. Each push
 (`WeightPush.send`) broadcasts the parameters one full tensor at a time (`ParameterSource`),
-while vLLM's RL routes (`/start_weight_update`, `/update_weights`, `/finish_weight_update`)
-load them on every worker at once (`WorkerClients`). With gloo the workers receive them
-beside their models while they go on generating, and only the load waits for generation to
-pause; NCCL's workers load each tensor as it arrives, so the whole push waits.
-
-A push fails in two ways that must not be confused: the path to a worker breaks (a dead peer
-in a collective, an HTTP control call refused), which is a lost worker; or the learner's
-own making of the weights fails (a gather, the LoRA merge, a cast), which is a bug of the
-learner's and propagates as itself (`WeightPush.transport_error` tells them apart).
+while vLLM's RL routes load them on every worker at once (`WorkerClients`). A broken path to a
+worker is a lost worker; a failure of the learner's own making of the weights propagates as
+itself (`WeightPush.transport_error` tells them apart).
 """
 
 from __future__ import annotations
@@ -22,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rlcli.config import SamplerConfig
-from rlcli.rollout.worker_client import transport_error
-from rlcli.rollout.worker_processes import free_port, transfer_backend
+from rlcli.rollout.workers.client import transport_error
+from rlcli.rollout.workers.processes import free_port, transfer_backend
 from rlcli.runtime import distributed
 from rlcli.runtime.lora import sampler_weight_shapes, sampler_weights
 
@@ -33,8 +27,9 @@ class ParameterSource:
     parameter is gathered when it is reached, so no rank holds more than one extra. With
     `dtype` (the workers'), each is cast to it before it is sent.
 
-    An error while making them is the learner's own: it is kept in `failure` (and raised as
-    it is), so that the push does not report it as a lost worker."""
+    An error while making them (a gather, the LoRA merge, a cast) is the learner's own: it is
+    kept in `failure` (and raised as it is), so that the push does not report it as a lost
+    worker."""
 
     def __init__(self, policy: torch.nn.Module, dtype: torch.dtype | None = None):
         self.policy, self.dtype = policy, dtype
@@ -60,7 +55,8 @@ class ParameterSource:
 
 
 class WorkerClients:
-    """vLLM's weight-sync control calls, made on every worker at once (`VLLMWeightSyncClient`).
+    """vLLM's weight-sync control calls, made on every worker at once (`VLLMWeightSyncClient`,
+    over vLLM's RL routes `/start_weight_update`, `/update_weights`, `/finish_weight_update`).
 
     The learner is rank 0 of the transfer group and worker i's ranks follow: with gloo (one
     rank each) it is told its `rank`; with NCCL its `rank_offset`, after the `ranks_per_worker`
@@ -115,7 +111,9 @@ class WeightPush:
         if not yet joined. `pause` is called once, before any worker's model changes: after the
         tensors have arrived with an engine whose update has a second half (gloo's
         `GlooLearnerEngine.load_weights`), before they are sent with one that loads as they
-        arrive (NCCL)."""
+        arrive (NCCL). So with gloo the workers receive the tensors beside their models while
+        they go on generating, and only the load waits for generation to pause; NCCL's workers
+        load each tensor as it arrives, so the whole push waits."""
         self.source = ParameterSource(policy, self.dtype)
         if self.engine is None:
             self.engine = self.connect(self.source)
@@ -148,7 +146,9 @@ class WeightPush:
 
             gloo_transfer.register()
             init = gloo_transfer.GlooLearnerInit(**where, timeout_s=self.cfg.worker_timeout_s)
-        else:  # CUDA: vLLM's own NCCL backend
+        else:
+            # CUDA: vLLM's own NCCL backend. No test reaches it: the suite's workers run on CPU,
+            # through gloo, and the GPU check (scripts/gpu_check.py) runs without vLLM.
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
             init = NCCLTrainerInitInfo(**where)
@@ -157,7 +157,7 @@ class WeightPush:
 
     def transport_error(self, err: BaseException) -> bool:
         """Whether `err`, raised by a push, is the path to a worker breaking: an HTTP or socket
-        error (`worker_client.transport_error`: vLLM's control calls raise requests' errors),
+        error (`workers.client.transport_error`: vLLM's control calls raise requests' errors),
         or a RuntimeError, which is how torch's gloo reports a peer that died mid-broadcast
         ("Connection closed by peer") and how a rendezvous no worker joins ends (DistStoreError,
         as NCCL's DistBackendError a RuntimeError too). Not what the learner raised making the

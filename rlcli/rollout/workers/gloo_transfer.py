@@ -1,22 +1,12 @@
 """`gloo`: a CPU backend for vLLM's weight-transfer API, so rollout workers on CPU take the
 learner's weights the way CUDA workers take them over NCCL.
 
-vLLM's RL API moves weights from a trainer to inference engines in four calls
-(`init_weight_transfer_engine`, then per update `start_weight_update`, `update_weights`,
-`finish_weight_update`) and leaves the transport to a backend from a registry; the built-in
-ones (`nccl`, `ipc`, ...) need CUDA. This module registers `gloo` on both sides of that
-registry: the worker side (`GlooWorkerEngine`, run inside each vLLM engine) and the learner
-side (`GlooLearnerEngine`, run by rlcli). The learner is rank 0 of a process group of its
-own with the K workers at ranks 1..K. An update has two halves, so that generation stops
-only for the second: the learner broadcasts the parameters one at a time, which each worker
-receives into a copy beside its model while it goes on generating (`send_weights`); then,
-generation paused if under way, each worker loads that copy with vLLM's layerwise reload
-(`load_weights`). A worker holds a second copy of the weights meanwhile, the learner never
-more than one extra tensor.
-
-vLLM imports this module in every process it starts through the `vllm.general_plugins`
-entry point in pyproject.toml (`register`), so a `vllm serve` in the same environment
-accepts `--weight-transfer-config '{"backend": "gloo"}'`.
+vLLM's RL API moves weights from a trainer to inference engines in four calls and leaves the
+transport to a backend from a registry; the built-in ones (`nccl`, `ipc`, ...) need CUDA. This
+module registers `gloo` on both sides of that registry: the worker side (`GlooWorkerEngine`,
+inside each vLLM engine) and the learner side (`GlooLearnerEngine`). vLLM imports it in every
+process it starts through the `vllm.general_plugins` entry point in pyproject.toml (`register`),
+so a `vllm serve` in the same environment accepts `--weight-transfer-config '{"backend": "gloo"}'`.
 """
 
 from __future__ import annotations
@@ -45,8 +35,7 @@ from vllm.distributed.weight_transfer.factory import (
     WeightTransferTrainerFactory,
 )
 
-from rlcli.rollout.vllm_engine import repack_tied_head
-from rlcli.rollout.vllm_notices import expected_reload_notices, weightless_layers
+from rlcli.rollout.vllm_shared import expected_reload_notices, repack_tied_head, weightless_layers
 
 BACKEND = "gloo"
 
@@ -55,7 +44,7 @@ def register() -> None:
     """Add `gloo` to vLLM's two weight-transfer registries (once per process); in the server
     of a worker rlcli started, also watch for the learner's end (`watch_learner`: vLLM runs
     its plugins in every process it starts, and this is rlcli's one plugin)."""
-    from rlcli.rollout.worker_processes import watch_learner
+    from rlcli.rollout.workers.processes import watch_learner
 
     watch_learner()
     if BACKEND not in WeightTransferEngineFactory._registry:
@@ -140,8 +129,8 @@ class GlooWorkerEngine(WeightTransferEngine[GlooWorkerInit, GlooUpdate]):
         self.weightless = weightless_layers(self.model)  # before the reload sets tensors aside
         initialize_layerwise_reload(self.model)
         # One `load_weights` call for the whole update: each call walks every module of the
-        # model first, which for 272 one-tensor calls was two thirds of a push of
-        # SmolLM2-135M on CPU (0.43 of 0.66 s).
+        # model first, which with one call per tensor was most of a push's time on CPU (see
+        # docs/scaling.md, "Streaming, measured").
         self.model.load_weights(weights)
 
     def receive_in_background(self, update_info: GlooUpdate) -> Future:
@@ -191,6 +180,15 @@ class GlooLearnerInit(TrainerInitInfo):
 
 class GlooLearnerEngine(TrainerWeightTransferEngine[GlooLearnerInit]):
     """In the learner: broadcast the source's tensors to every worker, one at a time.
+
+    The learner is rank 0 of a process group of its own with the K workers at ranks 1..K, which
+    vLLM's four calls drive (`init_weight_transfer_engine`, then per update
+    `start_weight_update`, `update_weights`, `finish_weight_update`). An update has two halves,
+    so that generation stops only for the second: the learner broadcasts the parameters, which
+    each worker receives into a copy beside its model while it goes on generating
+    (`send_weights`); then, generation paused if under way, each worker loads that copy with
+    vLLM's layerwise reload (`load_weights`). A worker holds a second copy of the weights
+    meanwhile, the learner never more than one extra tensor.
 
     `client` fans the control calls out to the workers; its `init_weight_transfer_engine`
     takes the group's rank of each worker itself (`WorkerClients.init_weight_transfer_engine`).

@@ -4,8 +4,8 @@ local processes it runs and watches (`LocalWorkers`, on GPUs the learner leaves:
 (`check_worker_settings`).
 
 What is here knows processes, ports and command lines, not HTTP requests (those are in
-`rollout.worker_client`) nor the weight push (`rollout.weight_push`). `rlcli rollout-server`
-starts one worker for learners elsewhere with the same `server_command`.
+`workers.client`) nor the weight push (`workers.weight_push`). `rlcli rollout-server` starts
+one worker for learners elsewhere with the same `server_command`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import requests
 import torch
 
 from rlcli.config import ConfigError, SamplerConfig
-from rlcli.rollout.worker_client import WorkerLost
+from rlcli.rollout.workers.client import WorkerLost
 
 
 def check_worker_settings(cfg: SamplerConfig) -> None:
@@ -163,7 +163,7 @@ def server_environment() -> dict[str, str]:
 
 def transfer_backend() -> str:
     """The weight-transfer backend a worker is started with, and the push joins it with:
-    NCCL between GPUs; on CPU, rlcli's gloo backend (rlcli.rollout.gloo_transfer)."""
+    NCCL between GPUs; on CPU, rlcli's gloo backend (rlcli.rollout.workers.gloo_transfer)."""
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
@@ -256,7 +256,9 @@ class LocalWorkers:
 
 def worker_gpus(i: int, k: int, per_worker: int) -> str:
     """CUDA_VISIBLE_DEVICES of local worker i: GPUs after the ones this node's learner ranks
-    use (torchrun's LOCAL_WORLD_SIZE, the first ones visible), `per_worker` each."""
+    use (torchrun's LOCAL_WORLD_SIZE, the first ones visible), `per_worker` each.
+    tests/test_workers.py checks the arithmetic under a set CUDA_VISIBLE_DEVICES; no test
+    starts workers on GPUs."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(d) for d in range(torch.cuda.device_count())]
     learner = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

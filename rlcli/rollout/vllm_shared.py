@@ -1,13 +1,12 @@
-"""Which of vLLM's warnings are routine: logged on every run, about nothing a user or rlcli can
-change. They are written at INFO instead, so that a WARNING in train.log (where vLLM's log goes,
-`tracking.console`) is one worth reading; nothing is dropped.
+"""What the engine in the learner's process (`vllm_engine`) and the rollout workers (`workers/`)
+share of vLLM: a call's sampling settings (`sampling_settings`), the re-pack of a tied LM head
+after a weight load (`repack_tied_head`), and which of vLLM's warnings are routine.
 
-`ROUTINE_NOTICES`, raised as vLLM starts in the learner's process (the CPU build's missing
-optional kernels, eager mode, ...; a second engine in the same process, as a sweep's next job
-starts one, raises a few more), are lowered for the rest of the process; two others only
-while what raises them runs: the cast of a checkpoint saved in another dtype as the engine
-loads it (`checkpoint_casts_expected`), and the "<layer>: Failed to load weights" of a weight
-reload for the layers that take no weights by design (`expected_reload_notices`).
+Routine warnings are logged on every run about nothing a user or rlcli can change; they are
+written at INFO instead, so that a WARNING in train.log (`tracking.console`) is one worth
+reading; nothing is dropped. `ROUTINE_NOTICES` are lowered for the rest of the process; two
+others only while what raises them runs (`checkpoint_casts_expected`,
+`expected_reload_notices`).
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ import logging
 from collections.abc import Callable
 
 import torch
+
+from rlcli.config import SamplerConfig
 
 # (logger, part of the message) of the warnings vLLM logs on every run in this process that
 # neither a user nor rlcli can act on; they are logged at INFO instead (`quiet_routine_notices`).
@@ -123,3 +124,40 @@ def checkpoint_casts_expected():
     that cast is the one rlcli asked for. A weight push is cast before it is sent
     (`lora.sampler_weights`), so there the warning would still mean something."""
     return lowered(WEIGHTS_LOGGER, lambda message: message.startswith("Attempted to load weight "))
+
+
+def repack_tied_head(model: torch.nn.Module) -> None:
+    """vLLM's CPU backend packs the LM head's weight for its GEMM kernel at load time. A head
+    tied to the embedding receives no weight of its own in an update, so its packed copy
+    would keep the old values: re-pack it from the (now updated) shared tensor."""
+    head = getattr(model, "lm_head", None)
+    if head is not None and hasattr(head, "cpu_linear"):
+        head.quant_method.process_weights_after_loading(head)
+
+
+def sampling_settings(
+    cfg: SamplerConfig,
+    group_size: int,
+    eos_ids: set[int],
+    temperature: float | None,
+    top_p: float | None = None,
+) -> dict:
+    """vLLM's sampling parameters for one call, as keyword arguments of `SamplingParams` (the
+    engine in this process) or the JSON `sampling_params` of a worker's generate route;
+    `temperature` and `top_p`, when given, replace the sampler's (evaluation). A greedy call
+    (temperature 0) is the policy's argmax: top_k and min_p cannot change it, and the
+    repetition penalty, which would, is left off."""
+    temperature = cfg.temperature if temperature is None else temperature
+    return {
+        "n": group_size,
+        "temperature": temperature,
+        "top_p": cfg.top_p if top_p is None else top_p,
+        "top_k": max(cfg.top_k, 0),  # sampler.top_k=-1 is off, as 0 is
+        "min_p": cfg.min_p,
+        "repetition_penalty": cfg.repetition_penalty if temperature > 0 else 1.0,
+        "max_tokens": cfg.max_new_tokens,
+        "stop": list(cfg.stop) or None,
+        "include_stop_str_in_output": True,  # the text must match the trained tokens
+        "stop_token_ids": sorted(eos_ids),
+        "logprobs": 0,  # the sampled token's own log-prob only
+    }

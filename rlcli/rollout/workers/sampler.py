@@ -1,8 +1,8 @@
 """Rollout workers: vLLM servers in processes of their own, which sample over HTTP and take
 the learner's weights through vLLM's weight-transfer API. `WorkerSampler` is the `Sampler`
-they make, composed from the pieces by role: the processes (`rollout.worker_processes`), the
-HTTP requests and the checks of their answers (`rollout.worker_client`), and the weight push
-(`rollout.weight_push`).
+they make, composed from the pieces by role: the processes (`rollout.workers.processes`), the
+HTTP requests and the checks of their answers (`rollout.workers.client`), and the weight push
+(`rollout.workers.weight_push`).
 
 `sampler.workers=K` starts K local `vllm serve` processes (`LocalWorkers`); `sampler.urls`
 names servers started elsewhere (`rlcli rollout-server` on another node). A step's prompts
@@ -38,14 +38,15 @@ import torch
 from rlcli.config import SamplerConfig
 from rlcli.env.episode import Turn
 from rlcli.rollout.batch import Rollout, encode_prompts, rollout_from_tokens
-from rlcli.rollout.vllm_engine import sampling_settings
-from rlcli.rollout.weight_push import WeightPush
-from rlcli.rollout.worker_client import WorkerClient, WorkerLost, transport_error, vocab_size
-from rlcli.rollout.worker_processes import LocalWorkers, log_dir
+from rlcli.rollout.contract import Sampler
+from rlcli.rollout.vllm_shared import sampling_settings
+from rlcli.rollout.workers.client import WorkerClient, WorkerLost, transport_error, vocab_size
+from rlcli.rollout.workers.processes import LocalWorkers, log_dir
+from rlcli.rollout.workers.weight_push import WeightPush
 from rlcli.runtime import distributed
 
 
-class WorkerSampler:
+class WorkerSampler(Sampler):
     """Samples a group per prompt on K rollout workers; `sync(policy)` pushes the weights."""
 
     def __init__(
@@ -85,7 +86,7 @@ class WorkerSampler:
         held = distributed.from_main(held)
         self.weights = WeightPush(self.urls, cfg, getattr(torch, held) if held else None)
 
-    # -- the Sampler protocol ---------------------------------------------------------------
+    # -- the Sampler contract ---------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"calls": self.calls}
 
