@@ -143,26 +143,26 @@ def _train(cfg, run_dir: Path) -> None:
 
 
 def _pairs(cfg, run_dir: Path) -> None:
-    from rlcli.pairs import make_pairs
+    from rlcli.commands.make_pairs import make_pairs
 
     make_pairs(cfg, run_dir)
 
 
 def _eval(cfg, run_dir: Path) -> None:
-    from rlcli.evaluate import evaluate_model
+    from rlcli.commands.evaluate import evaluate_model
 
     evaluate_model(cfg, run_dir)
 
 
 def _plot(argv: list[str]) -> None:
-    from rlcli.plot import plot_command
+    from rlcli.commands.plot import plot_command
 
     plot_command(argv)
 
 
 def _export(argv: list[str]) -> None:
+    from rlcli.commands.export import export_command
     from rlcli.config import ConfigError
-    from rlcli.export import export_command
 
     try:
         export_command(argv)
@@ -171,19 +171,19 @@ def _export(argv: list[str]) -> None:
 
 
 def _recipes(argv: list[str]) -> None:
-    from rlcli.recipes import recipes_command
+    from rlcli.commands.recipes import recipes_command
 
     recipes_command(argv)
 
 
 def _rollout_server(cfg, run_dir: Path) -> None:
-    from rlcli.rollout_server import serve
+    from rlcli.commands.rollout_server import serve
 
     serve(cfg, run_dir)
 
 
 def _filter(cfg, run_dir: Path) -> None:
-    from rlcli.filter import filter_dataset
+    from rlcli.commands.filter import filter_dataset
 
     filter_dataset(cfg, run_dir)
 
@@ -192,6 +192,7 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     """Run `work` as a Hydra app over conf/, so overrides, -m and --help work as usual."""
     import hydra
 
+    from rlcli.commands.recipes import check_recipe_choices, register_recipes
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.free_form import settable
     from rlcli.config.overrides import (
@@ -202,12 +203,11 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
         split_flags,
     )
     from rlcli.lifecycle.run_dir import claim, forget_new_dirs, note_new_dirs
-    from rlcli.recipes import check_recipe_choices, register_recipes
     from rlcli.validate import with_default_sampler
 
-    # The paper setups in recipes/ become the group `recipe` (rlcli/recipes.py says how). An
-    # unknown recipe, group choice or key is named here, with the valid ones, before Hydra
-    # starts: Hydra's own messages for them run to many lines.
+    # The paper setups in recipes/ become the group `recipe` (rlcli/commands/recipes.py says
+    # how). An unknown recipe, group choice or key is named here, with the valid ones, before
+    # Hydra starts: Hydra's own messages for them run to many lines.
     register_recipes()
     if "--version" in argv or "-V" in argv:  # Hydra's own flag would print Hydra's version
         print(version_line())
@@ -241,10 +241,11 @@ def _hydra_command(name: str, work, argv: list[str]) -> None:
     overrides = settable(overrides)  # a piece's setting, with or without + (config/free_form)
     # A value as written (/tmp/dätä.jsonl): Hydra's grammar reads such characters only quoted.
     overrides = [quote_for_hydra(o) for o in overrides]
-    # A sweep names each job's folder by the overrides that vary across it (rlcli/sweep.py).
+    # A sweep names each job's folder by the overrides that vary across it
+    # (rlcli/commands/sweep.py).
     from omegaconf import OmegaConf
 
-    from rlcli.sweep import fixed_keys_override, job_dirname
+    from rlcli.commands.sweep import fixed_keys_override, job_dirname
 
     OmegaConf.register_new_resolver("rlcli_job_dirname", job_dirname, replace=True)
     if "-m" in flags or "--multirun" in flags:
@@ -298,9 +299,9 @@ def _help(topic: str | None, overrides: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from rlcli.commands.recipes import find_recipes
     from rlcli.config import CONF_DIR, ConfigError
     from rlcli.config.help import HelpInput, check_topic, help_text
-    from rlcli.recipes import find_recipes
     from rlcli.train.pieces_help import describe_pieces
     from rlcli.validate import with_default_sampler
 

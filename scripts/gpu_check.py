@@ -41,12 +41,12 @@ import torch
 
 from rlcli.rollout.batch import rollout_from_tokens
 from rlcli.runtime.models import adamw
-from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.learner import UpdatePlan, learn
 from rlcli.train.objective_config import objective_from_config
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
+from rlcli.train.train_batch import TrainBatch
 from rlcli.validate import compose
 
 # Qwen2.5-1.5B's config.json, the fields that set its shape and cost.

@@ -32,19 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("lifecycle", ["rlcli.lifecycle"]),
     ("train", ["rlcli.train"]),
     ("validation", ["rlcli.validate"]),
-    (
-        "commands",
-        [
-            "rlcli.evaluate",
-            "rlcli.export",
-            "rlcli.filter",
-            "rlcli.pairs",
-            "rlcli.sweep",
-            "rlcli.plot",
-            "rlcli.recipes",
-            "rlcli.rollout_server",
-        ],
-    ),  # fmt: skip
+    ("commands", ["rlcli.commands"]),
     ("entry", ["rlcli.cli", "rlcli.__main__", "rlcli"]),
 ]
 

@@ -2,7 +2,7 @@
 
 - docs/reference/configuration.md, from the comments in conf/ (`rlcli.config.comments`);
 - docs/reference/metrics.md, from the table of metric names (`rlcli.tracking.metric_names`);
-- docs/recipes.md, from the headers and fields of recipes/ (`rlcli.recipes`).
+- docs/recipes.md, from the headers and fields of recipes/ (`rlcli.commands.recipes`).
 
     .venv/bin/python scripts/make_docs.py           # write the pages
     .venv/bin/python scripts/make_docs.py --check   # exit 1 naming each page that is stale
@@ -24,6 +24,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # rlcli from this checkout, also without an install
 
+from rlcli.commands.recipes import RECIPES_DIR, Recipe, find_recipes  # noqa: E402
 from rlcli.config.comments import (  # noqa: E402
     FieldComment,
     base_comments,
@@ -34,7 +35,6 @@ from rlcli.config.comments import (  # noqa: E402
     yaml_value,
 )
 from rlcli.config.schema import CONF_DIR  # noqa: E402
-from rlcli.recipes import RECIPES_DIR, Recipe, find_recipes  # noqa: E402
 from rlcli.tracking.metric_names import METRIC_GROUPS  # noqa: E402
 
 

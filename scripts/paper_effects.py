@@ -33,13 +33,13 @@ import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from paper_claims import CLAIMS, TINY_SAMPLING, Claim, evaluate_on_arith, path_override, rlcli
 
-from rlcli.sweep import mean_interval
+from rlcli.commands.sweep import mean_interval
 from rlcli.tracking.metrics import read_metrics
 
 
 def jobs(sweep: Path) -> list[Path]:
-    """A sweep's job directories. Not `rlcli.sweep.job_dirs`: that one searches every depth and
-    would count a job's own `rlcli eval` (JOB/after) as a job."""
+    """A sweep's job directories. Not `rlcli.commands.sweep.job_dirs`: that one searches every
+    depth and would count a job's own `rlcli eval` (JOB/after) as a job."""
     return [p.parent.parent for p in sorted(sweep.glob("*/.hydra/overrides.yaml"))]
 
 

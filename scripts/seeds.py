@@ -24,9 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlcli.commands.recipes import check_recipe_choices, register_recipes
+from rlcli.commands.sweep import interval_cell, write_summary
 from rlcli.config import ConfigError
-from rlcli.recipes import check_recipe_choices, register_recipes
-from rlcli.sweep import interval_cell, write_summary
 from rlcli.validate import compose
 
 

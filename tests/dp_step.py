@@ -16,10 +16,10 @@ import torch
 from rlcli.rollout.batch import rollout_from_tokens, select_rows
 from rlcli.runtime import distributed
 from rlcli.runtime.models import load_causal_lm
-from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.learner import UpdatePlan, learn
 from rlcli.train.objective_config import objective_from_config
+from rlcli.train.train_batch import TrainBatch
 from rlcli.validate import section
 
 

@@ -23,7 +23,8 @@ def test_importing_rlcli_and_training_with_hf_leave_vllm_alone(tmp_path):
     script = """
 import os, sys
 from pathlib import Path
-import rlcli.cli, rlcli.evaluate, rlcli.filter, rlcli.pairs, rlcli.train.loop
+import rlcli.cli, rlcli.commands.evaluate, rlcli.commands.filter, rlcli.commands.make_pairs
+import rlcli.train.loop
 from rlcli.validate import compose
 from rlcli.train.loop import train
 train(compose(["model=tiny", "sampler=hf", "trainer.max_steps=1", "trainer.prompts_per_step=2",

@@ -11,11 +11,11 @@ from safetensors.torch import load_file
 
 from rlcli.runtime.models import load_causal_lm
 from rlcli.tracking.metrics import read_metrics
-from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.learner import UpdatePlan, learn
 from rlcli.train.objective_config import objective_from_config
 from rlcli.train.passes import plan_micro_batches
+from rlcli.train.train_batch import TrainBatch
 from rlcli.validate import section
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.cli import main
-from rlcli.recipes import compose as compose_recipe
+from rlcli.commands.recipes import compose as compose_recipe
 from rlcli.train.loop import train
 from rlcli.validate import compose
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlcli.commands.make_pairs import best_vs_worst
 from rlcli.config import ConfigError
 from rlcli.data import load_splits
-from rlcli.pairs import best_vs_worst
 from rlcli.train.dpo import encode_pairs, pair_metrics, sequence_logprobs, setup, train_step
 from rlcli.validate import compose
 from tests.test_train import rlcli

@@ -13,12 +13,12 @@ import time
 import pytest
 import torch
 
+from rlcli.commands.recipes import RECIPES_DIR
 from rlcli.config import ConfigError
 from rlcli.env.calls import CALL_END, parse_call
 from rlcli.env.episode import Turn, episode_metrics
 from rlcli.env.sandbox import OUTPUT_BYTES, run_function, run_python
 from rlcli.env.tools import Search, Toolbox, calculator
-from rlcli.recipes import RECIPES_DIR
 from rlcli.rollout.multiturn import EpisodeSampler
 from rlcli.runtime.models import load_tokenizer
 from rlcli.train.loop import train
@@ -511,7 +511,7 @@ def test_bad_env_settings_are_named(overrides, message):
 
 
 def test_pairs_refuse_episodes_before_loading_anything(tmp_path):
-    from rlcli.pairs import make_pairs
+    from rlcli.commands.make_pairs import make_pairs
 
     with pytest.raises(ConfigError, match="a preference pair cannot carry"):
         make_pairs(compose(["model=tiny", "env=calculator"]), tmp_path)
@@ -549,7 +549,7 @@ def test_tiny_model_runs_two_multi_turn_grpo_steps_on_vllm_and_hf(tiny_overrides
 def test_smollm2_calls_the_calculator_in_a_two_step_grpo_run_on_vllm():
     """SmolLM2 with the demo recipe's prompt: episodes call the calculator, read its result
     in a tool turn and go on; a GRPO step trains on them with the tool turns masked."""
-    from rlcli.recipes import compose as compose_recipe
+    from rlcli.commands.recipes import compose as compose_recipe
     from rlcli.train.run import setup
     from rlcli.train.step import train_step
 

@@ -184,8 +184,8 @@ def test_val_before_train_without_a_held_out_split_says_so_and_trains(tmp_path, 
 
 
 def test_a_run_directorys_damaged_newest_checkpoint_is_named_and_a_hub_id_left_alone(tmp_path):
+    from rlcli.commands.evaluate import newest_checkpoint_of_a_run
     from rlcli.config import ConfigError
-    from rlcli.evaluate import newest_checkpoint_of_a_run
 
     newest = tmp_path / "run" / "checkpoints" / "step_3"
     newest.mkdir(parents=True)

@@ -5,8 +5,8 @@ import json
 
 import torch
 
+from rlcli.commands.filter import verdicts
 from rlcli.data import load_splits
-from rlcli.filter import verdicts
 from rlcli.validate import compose, section
 from tests.test_train import rlcli
 

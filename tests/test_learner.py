@@ -9,11 +9,11 @@ import torch
 
 from rlcli.ops.policy_loss import AGGREGATIONS
 from rlcli.rollout.batch import response_mask_from
-from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import batch_logprobs, token_logprobs
 from rlcli.train.learner import UpdatePlan, learn
 from rlcli.train.objective_config import objective_from_config
 from rlcli.train.run import setup
+from rlcli.train.train_batch import TrainBatch
 from rlcli.validate import compose
 
 

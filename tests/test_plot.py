@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from rlcli.tracking.plots import PANELS, drawn_panels, panel_lines, plot_runs, step_range
+from rlcli.tracking.curves import PANELS, drawn_panels, panel_lines, plot_runs, step_range
 
 # An RL run with tools, a cosine learning rate and an evaluation before its first step.
 TOOLS_ROWS = [{"step": 0, "eval/accuracy": 0.1}] + [

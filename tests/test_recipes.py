@@ -14,16 +14,16 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from rlcli.config import ConfigError
-from rlcli.data import load_splits
-from rlcli.filter import filter_dataset
-from rlcli.recipes import (
+from rlcli.commands.filter import filter_dataset
+from rlcli.commands.recipes import (
     RECIPES_DIR,
     check_recipe_choices,
     compose,
     find_recipes,
     register_recipes,
 )
+from rlcli.config import ConfigError
+from rlcli.data import load_splits
 from rlcli.train.run import setup
 from rlcli.train.step import train_step
 

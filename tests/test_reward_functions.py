@@ -196,7 +196,7 @@ def test_dynamic_sampling_reports_mean_and_components_over_the_same_responses(tm
 
 
 def test_reward_metrics_of_rounds_share_their_responses():
-    from rlcli.collect.batches import reward_metrics
+    from rlcli.collect.collector import reward_metrics
     from rlcli.rewards.scorer import Scores
 
     kept = Scores(torch.tensor([0.0, 1.0]), {"c": torch.tensor([0.0, 1.0])}, [])

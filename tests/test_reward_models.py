@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, LlamaConfig
 
 from rlcli.config import ConfigError
 from rlcli.ops.advantages import grpo_process_advantages
-from rlcli.rewards.models import (
+from rlcli.rewards.reward_models import (
     OutcomeRewardModel,
     ProcessRewardModel,
     split_steps,

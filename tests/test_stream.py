@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from rlcli.collect.batches import staleness_metrics
+from rlcli.collect.collector import staleness_metrics
 from rlcli.collect.stream import RoundsAhead
 from rlcli.data.problems import Problem, PromptStream
 from rlcli.rollout.batch import rollout_from_tokens

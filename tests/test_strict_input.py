@@ -21,11 +21,11 @@ import datasets
 import pytest
 
 from rlcli.cli import main
+from rlcli.commands.sweep import job_dirname
 from rlcli.config import ConfigError
 from rlcli.config.overrides import check_syntax, quote_for_hydra
 from rlcli.data import load_splits
 from rlcli.lifecycle import run_dir as run_dirs
-from rlcli.sweep import job_dirname
 from rlcli.tracking.console import job_log
 from rlcli.validate import section
 from tests.conftest import tiny

@@ -1,7 +1,7 @@
-"""A sweep's job directories and chart title (rlcli/sweep.py), on hand-made overrides; the real
-two-job sweep through the CLI is tests/test_cli.py's test_a_sweep_with_m_at_the_end."""
+"""A sweep's job directories and chart title (rlcli/commands/sweep.py), on hand-made overrides;
+the real two-job sweep through the CLI is tests/test_cli.py's test_a_sweep_with_m_at_the_end."""
 
-from rlcli.sweep import JobSummary, chart_title, fixed_keys_override, job_dirname
+from rlcli.commands.sweep import JobSummary, chart_title, fixed_keys_override, job_dirname
 
 
 def test_the_keys_given_one_value_are_left_out_of_job_directories():

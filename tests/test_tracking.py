@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from rlcli.commands.sweep import write_summary
 from rlcli.config import ConfigError
-from rlcli.sweep import write_summary
+from rlcli.tracking.curves import PANELS, draw_curves, panel_lines, series
 from rlcli.tracking.metrics import read_metrics
-from rlcli.tracking.plots import PANELS, draw_curves, panel_lines, series
 from rlcli.train.loop import train
 from rlcli.validate import compose
 

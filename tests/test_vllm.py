@@ -13,9 +13,9 @@ import logging
 import pytest
 import torch
 
+from rlcli.commands.recipes import register_recipes
 from rlcli.config import ConfigError
 from rlcli.data.problems import render_prompt
-from rlcli.recipes import register_recipes
 from rlcli.rollout.vllm_engine import cuda_only_settings_changed
 from rlcli.rollout.vllm_shared import weightless_layers
 from rlcli.runtime.models import has_fast_bf16, smollm2_dir

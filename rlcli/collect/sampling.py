@@ -18,7 +18,7 @@ from rlcli.config import Config
 from rlcli.data.problems import Problem, PromptRenderer, fit_prompts, prompt_renderer
 from rlcli.env import response_budget
 from rlcli.env.tools import unboxed_warning
-from rlcli.rewards.models import step_reward_tensors
+from rlcli.rewards.reward_models import step_reward_tensors
 from rlcli.rewards.scorer import Sample, Scorer, Scores
 from rlcli.rollout.backends import make_sampler
 from rlcli.rollout.batch import Rollout

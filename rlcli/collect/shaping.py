@@ -1,6 +1,6 @@
 """Batch shaping: which groups a step trains on (DAPO dynamic sampling, DUPO fill).
 
-Pure functions over group rewards; the `Collector` (`batches.py`) does the sampling they ask
+Pure functions over group rewards; the `Collector` (`collector.py`) does the sampling they ask
 for.
 """
 

@@ -5,8 +5,8 @@ The records may be plain text (`{"prompt": str, "chosen": str, "rejected": str}`
 (prompt, chosen and rejected as lists of `{"role", "content"}` messages, kept whole with their
 tool calls; without a prompt field, the chosen conversation minus its last message is the
 prompt, as in Anthropic-HH).
-`rlcli pairs` (rlcli/pairs.py) makes such records on-policy; `check_pairs` is the checks of its
-`pairs` section.
+`rlcli pairs` (rlcli/commands/make_pairs.py) makes such records on-policy; `check_pairs` is
+the checks of its `pairs` section.
 """
 
 from __future__ import annotations

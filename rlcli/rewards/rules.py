@@ -5,7 +5,7 @@ No I/O, no config, no models. A rule's parameters name what it reads, by keyword
 `response`, the problem's `answer`, `reward.pattern` as `pattern`, or any field of the
 problem's record (countdown's `numbers` and `target`). `rewards.scorer` calls them, mixes
 them with weights and isolates their failures; reward and process reward models live in
-`rewards.models`.
+`rewards.reward_models`.
 """
 
 from __future__ import annotations

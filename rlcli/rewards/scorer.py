@@ -160,7 +160,7 @@ class Scorer:
     """Builds the configured components once (loading any reward model), then scores batches."""
 
     def __init__(self, cfg: RewardConfig, max_new_tokens: int, device: torch.device, dtype: str):
-        from rlcli.rewards.models import OutcomeRewardModel, ProcessRewardModel
+        from rlcli.rewards.reward_models import OutcomeRewardModel, ProcessRewardModel
 
         self.cfg, self.max_new_tokens = cfg, max_new_tokens
         # TRL's trainer_state for the functions that read it: the optimiser steps done, of how

@@ -80,7 +80,7 @@ class EpisodeSampler(Sampler):
         self.base.load_state_dict(state)
 
     def metrics(self) -> dict[str, float]:
-        return self.base.metrics()  # the episodes' env/* come with the batch (collect.batches)
+        return self.base.metrics()  # the episodes' env/* come with the batch (collect.collector)
 
     def close(self) -> None:
         """Stop the rollout workers the base sampler started, if any."""

@@ -1,7 +1,7 @@
 """Per-step metrics: one JSON object per line in `metrics.jsonl`, and the progress bar.
 
 `MetricsLog` writes the file during a run; `read_metrics` reads it back for the curves
-(`rlcli.plots`) and sweep summaries (`rlcli.sweep`).
+(`tracking.curves`) and sweep summaries (`rlcli.commands.sweep`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Always: `metrics.jsonl` and the progress bar (`rlcli.metrics.MetricsLog`), `samples.jsonl`
 (`rlcli.tracking.samples`), and `curves.png` drawn from the metrics when the run finishes
-(`rlcli.plots`). `logger.backends` (`BACKENDS`) adds any combination of Weights & Biases
+(`tracking.curves`). `logger.backends` (`BACKENDS`) adds any combination of Weights & Biases
 (`WandbRun`), TensorBoard (`TensorBoardRun`) and MLflow (`MlflowRun`), each through its own
 library and each saying where its run is in one `rlcli:` line as the run starts;
 docs/tracking.md says what each writes.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from rlcli.config import Config, ConfigError, LoggerConfig
 from rlcli.rewards.scored import ScoredSample
+from rlcli.tracking.curves import CURVES_FILE, plot_runs
 from rlcli.tracking.metrics import MetricsLog
-from rlcli.tracking.plots import CURVES_FILE, plot_runs
 from rlcli.tracking.samples import SamplesLog
 
 SAMPLE_COLUMNS = ["step", "prompt", "response", "answer", "reward"]

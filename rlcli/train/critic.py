@@ -15,10 +15,10 @@ from rlcli.config import LoraConfig
 from rlcli.ops.policy_loss import explained_variance, value_loss
 from rlcli.rollout.batch import Rollout
 from rlcli.runtime.lora import add_adapters, load_adapters
-from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import per_token_over_batch
 from rlcli.train.learner import UpdatePlan
 from rlcli.train.passes import micro_batches
+from rlcli.train.train_batch import TrainBatch
 
 
 def load_critic(path: str, dtype: str, device: torch.device, new_head: bool):

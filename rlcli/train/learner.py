@@ -22,9 +22,9 @@ from rlcli.ops.objective import Objective, policy_objective
 from rlcli.ops.pieces import PieceError
 from rlcli.ops.policy_loss import StepCounts
 from rlcli.runtime import distributed
-from rlcli.train.batch import TrainBatch
 from rlcli.train.forward import attention_of, pass_logprobs
 from rlcli.train.passes import passes
+from rlcli.train.train_batch import TrainBatch
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from rlcli.collect.batches import Collector, Shaping
+from rlcli.collect.collector import Collector, Shaping
 from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
 from rlcli.data.files import read_texts

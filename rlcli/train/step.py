@@ -1,4 +1,4 @@
-"""One RL step, top to bottom: the collected batch (`collect.batches.Collector`: sampled,
+"""One RL step, top to bottom: the collected batch (`collect.collector.Collector`: sampled,
 scored and shaped) -> reference and old log-probs -> advantages -> learn -> push the new
 weights to the sampler.
 
@@ -23,11 +23,11 @@ from rlcli.rollout.batch import Rollout
 from rlcli.rollout.workers.client import WorkerLost
 from rlcli.runtime.lora import adapters_off, dropout_on
 from rlcli.runtime.models import autocast
-from rlcli.train.batch import TrainBatch
 from rlcli.train.critic import batch_values, learn_critic
 from rlcli.train.forward import batch_logprobs
 from rlcli.train.learner import UpdatePlan, learn, lm_loss
 from rlcli.train.run import Run
+from rlcli.train.train_batch import TrainBatch
 
 
 def trained_share(in_loss: torch.Tensor, sampled: torch.Tensor) -> float:
@@ -196,7 +196,7 @@ def step(run: Run) -> StepResult:
     in_loss = (rollout.response_mask.sum(-1) > 0).to(batch.advantages.device)
     signal = batch.advantages.abs().reshape(len(rollout.texts), -1).amax(-1) > 0
     step_metrics = {
-        **metrics,  # reward/mean, reward/std and reward/<component>: `collect.batches`
+        **metrics,  # reward/mean, reward/std and reward/<component>: `collect.collector`
         "batch/response_utilisation": (signal & in_loss).float().mean().item(),
         # Response tokens left in the loss after failed rewards and the overlong filter; 0
         # means the step trained on nothing (`untrained_reason` says why).

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlcli.tracking.curves import CURVES_FILE, plot_runs
 from rlcli.tracking.metrics import METRICS_FILE
-from rlcli.tracking.plots import CURVES_FILE, plot_runs
 
 
 def _fail(message: str) -> None:

@@ -24,8 +24,8 @@ import yaml
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
+from rlcli.tracking.curves import HELD_OUT, REWARD, draw_curves, panel_key, series
 from rlcli.tracking.metrics import METRICS_FILE, read_metrics
-from rlcli.tracking.plots import HELD_OUT, REWARD, draw_curves, panel_key, series
 
 
 @dataclass
