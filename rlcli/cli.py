@@ -84,7 +84,7 @@ def _job(raw, work) -> None:
     from hydra.core.hydra_config import HydraConfig
     from transformers.utils import logging as hf_logging
 
-    from rlcli.config import ConfigError
+    from rlcli.config import ConfigError, config_dict
     from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped, ctrl_c_unwrapped
     from rlcli.lifecycle.run_dir import claim, discard_unused, record_config
     from rlcli.rollout.workers.client import WorkerLost
@@ -108,7 +108,7 @@ def _job(raw, work) -> None:
                 holding = claim(run_dir, command, hydra_files)
                 with holding if os.environ.get("RANK", "0") == "0" else nullcontext():
                     if hydra.job.name != "train":  # train records its config once it knows
-                        record_config(run_dir, cfg, command)
+                        record_config(run_dir, config_dict(cfg), command)
                     work(cfg, run_dir)
         except ConfigError as err:
             # Nothing is left behind: the directory this command made for a run that never

@@ -200,7 +200,12 @@ def validate(raw: DictConfig) -> Config:
     from rlcli.train.schedule import check_lr_schedule
 
     check_device(cfg.trainer)  # trainer.device, and trainer.attention on it
-    check_env(cfg)
+    if cfg.env.name != "none" and cfg.algo.objective == "dpo":
+        raise ConfigError(
+            f"algo=dpo trains on preference pairs and samples nothing, so env={cfg.env.name} "
+            "would be ignored: drop env= (or set env=none)."
+        )
+    check_env(cfg.env)
     check_worker_settings(cfg.sampler)  # sampler.urls, worker_timeout_s, serve_port
     check_lr_schedule(cfg.trainer)  # trainer.lr_scheduler and its settings
     # cfg goes back as the user wrote it: `sampler.old_logp=auto` is resolved where it is read

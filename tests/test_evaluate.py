@@ -119,7 +119,7 @@ def test_trainer_eval_every_logs_held_out_metrics(tmp_path):
 
 
 def test_eval_top_p_shapes_the_pass_at_k_samples():
-    from rlcli.collect.sampling import frozen_sampling
+    from rlcli.commands.frozen_sampling import frozen_sampling
     from rlcli.rollout.vllm_shared import sampling_settings
 
     cfg = compose(["model=tiny", "sampler=hf", "reward=space_rate", "sampler.max_new_tokens=12"])

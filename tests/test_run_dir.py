@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rlcli.config import ConfigError
+from rlcli.config import ConfigError, config_dict
 from rlcli.lifecycle.checkpoint import IN_PROGRESS, damage, list_checkpoints
-from rlcli.lifecycle.run_dir import config_dict, kind_of_field, resume_changes
+from rlcli.lifecycle.run_dir import kind_of_field, resume_changes
 from rlcli.tracking.metrics import read_metrics
 from rlcli.train import loop
 from rlcli.train.loop import train
@@ -173,10 +173,13 @@ def test_a_config_saved_with_old_logp_resolved_still_resumes_with_auto():
     # An older rlcli wrote sampler.old_logp=auto into config.yaml as it resolved it.
     cfg = compose(TINY)
     assert cfg.sampler.old_logp == "auto"
+    now = config_dict(cfg)
     saved = config_dict(replace(cfg, sampler=replace(cfg.sampler, old_logp="learner")))
-    assert resume_changes(saved, cfg)["fixed"] == []
+    assert resume_changes(saved, now, "learner")["fixed"] == []
     saved = config_dict(replace(cfg, sampler=replace(cfg.sampler, old_logp="sampler")))
-    assert resume_changes(saved, cfg)["fixed"] == [("sampler.old_logp", "sampler", "learner")]
+    assert resume_changes(saved, now, "learner")["fixed"] == [
+        ("sampler.old_logp", "sampler", "learner")
+    ]
 
 
 def test_the_manifest_covers_every_file_of_a_checkpoint(three_steps):

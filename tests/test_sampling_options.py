@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 import torch
 
-from rlcli.collect.sampling import frozen_sampling
+from rlcli.commands.frozen_sampling import frozen_sampling
 from rlcli.config import ConfigError
 from rlcli.data import load_splits
 from rlcli.rollout.vllm_shared import sampling_settings

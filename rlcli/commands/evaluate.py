@@ -18,7 +18,7 @@ from rlcli.train.held_out import EVAL_SAMPLES_FILE, EVAL_SEED, evaluate, write_e
 def evaluate_model(cfg: Config, run_dir: Path) -> dict:
     """`rlcli eval`: evaluate the configured model on the held-out split; write eval.json (the
     metrics, to 6 decimals) and eval_samples.jsonl (per problem)."""
-    from rlcli.collect.sampling import frozen_sampling
+    from rlcli.commands.frozen_sampling import frozen_sampling
     from rlcli.runtime.seed import seed_everything
 
     t = cfg.trainer

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from rlcli.collect.sampling import frozen_sampling, scored_chunks
+from rlcli.collect.sampling import scored_chunks
+from rlcli.commands.frozen_sampling import frozen_sampling
 from rlcli.config import Config
 from rlcli.data import load_splits
 from rlcli.data.problems import Problem, write_records

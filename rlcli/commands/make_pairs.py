@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from rlcli.collect.sampling import frozen_sampling, scored_chunks
+from rlcli.collect.sampling import scored_chunks
+from rlcli.commands.frozen_sampling import frozen_sampling
 from rlcli.config import Config, ConfigError
 from rlcli.data import load_splits
 from rlcli.data.problems import write_jsonl

@@ -26,6 +26,7 @@ from rlcli.config.schema import (
     RewardConfig,
     SamplerConfig,
     TrainerConfig,
+    config_dict,
 )
 
 __all__ = [
@@ -45,4 +46,5 @@ __all__ = [
     "RewardConfig",
     "SamplerConfig",
     "TrainerConfig",
+    "config_dict",
 ]

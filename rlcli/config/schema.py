@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 # The Hydra config tree (`conf/` at the top of the repository).
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -268,3 +268,9 @@ class Config:
     filter: FilterConfig = field(default_factory=FilterConfig)
     pairs: PairsConfig = field(default_factory=PairsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def config_dict(cfg: Config) -> dict:
+    """The config as plain JSON-ready data: what config.yaml shows, a checkpoint keeps of the
+    run that wrote it, and the trackers record."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg))

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlcli.config import Config, ConfigError, EnvConfig
+from rlcli.config import ConfigError, EnvConfig
 from rlcli.env.calls import RLCLI_CALLS, CallFormat, ToolCall, ToolResult
 from rlcli.env.sandbox import (
     SANDBOXES,
@@ -317,16 +317,10 @@ def _failed(err: Exception) -> ToolResult:
     return ToolResult(f"Error: the call failed: {what}", error=True)
 
 
-def check_env(cfg: Config) -> None:
+def check_env(env: EnvConfig) -> None:
     """A `ConfigError` naming the bad env.* value and the valid choices, before any model loads."""
-    env = cfg.env
     if env.name == "none":
         return
-    if cfg.algo.objective == "dpo":
-        raise ConfigError(
-            f"algo=dpo trains on preference pairs and samples nothing, so env={env.name} would "
-            "be ignored: drop env= (or set env=none)."
-        )
     if not env.tools:
         raise ConfigError(f"env={env.name} needs at least one tool in env.tools: {_valid()}.")
     for entry in env.tools:

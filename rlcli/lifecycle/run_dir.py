@@ -21,7 +21,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from rlcli.config import Config, ConfigError
+from rlcli.config import ConfigError
 from rlcli.tracking.trackers import flat_items
 
 MARKER = ".rlcli-run"
@@ -79,11 +79,6 @@ APPLIED = (
 _held: dict[Path, int] = {}  # run directories this process holds: path -> the lock's fd
 
 
-def config_dict(cfg: Config) -> dict:
-    """The config as plain JSON-ready data (what a checkpoint keeps of the run that wrote it)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg))
-
-
 def kind_of_field(key: str) -> str:
     """'free', 'applied' or 'fixed': what a resumed run does when `key` changed."""
     if any(key == p or (p.endswith(".") and key.startswith(p)) for p in FREE):
@@ -92,16 +87,17 @@ def kind_of_field(key: str) -> str:
     return "applied" if applied else "fixed"
 
 
-def resume_changes(saved: dict, cfg: Config) -> dict[str, list[tuple[str, object, object]]]:
-    """The fields that differ from the checkpoint's config, by kind: {'fixed': [(key, old,
-    new)], 'applied': [...], 'free': [...]}. Fields one side lacks (added to rlcli since) are
-    not compared."""
-    old, new = flat_items(saved), flat_items(config_dict(cfg))
+def resume_changes(
+    saved: dict, current: dict, old_logp_now: str
+) -> dict[str, list[tuple[str, object, object]]]:
+    """The fields of `current` (the config now, as `config_dict` gives it) that differ from
+    the checkpoint's config, by kind: {'fixed': [(key, old, new)], 'applied': [...], 'free':
+    [...]}. Fields one side lacks (added to rlcli since) are not compared. `old_logp_now`:
+    what `sampler.old_logp=auto` resolves to for this run."""
+    old, new = flat_items(saved), flat_items(current)
     if new.get("sampler.old_logp") == "auto" and old.get("sampler.old_logp") != "auto":
         # An older rlcli saved `auto` as it resolved it: compare that with what it means now.
-        from rlcli.rollout.backends import resolved_old_logp
-
-        new["sampler.old_logp"] = resolved_old_logp(cfg.sampler, cfg.trainer)
+        new["sampler.old_logp"] = old_logp_now
     changes: dict[str, list] = {"fixed": [], "applied": [], "free": []}
     for key in sorted(old.keys() & new.keys()):
         if old[key] != new[key]:
@@ -109,13 +105,16 @@ def resume_changes(saved: dict, cfg: Config) -> dict[str, list[tuple[str, object
     return changes
 
 
-def check_resume(saved: dict | None, cfg: Config, checkpoint: Path, step: int) -> list[str]:
-    """Lines to print for a resume from `checkpoint` (step `step`); a ConfigError when a field
-    that is fixed for the life of a run differs from the checkpoint's config."""
+def check_resume(
+    saved: dict | None, current: dict, old_logp_now: str, checkpoint: Path, step: int
+) -> list[str]:
+    """Lines to print for a resume from `checkpoint` (step `step`) with the config `current`
+    (`resume_changes`); a ConfigError when a field that is fixed for the life of a run differs
+    from the checkpoint's config."""
     if saved is None:
         return [f"rlcli: {checkpoint} does not record its config (an older rlcli wrote it): "
                 "the config is not compared with it."]  # fmt: skip
-    changes = resume_changes(saved, cfg)
+    changes = resume_changes(saved, current, old_logp_now)
     if changes["fixed"]:
         listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changes["fixed"])
         raise ConfigError(
@@ -206,9 +205,9 @@ def claim(run_dir: Path, command: str = "rlcli", hydra_files: tuple[str, ...] = 
         os.close(fd)  # releases the lock; the marker file stays, marking the directory
 
 
-def record_config(run_dir: Path, cfg: Config, event: str) -> None:
-    """Write config.yaml: the config in force now, then the directory's history (carried over
-    from the previous config.yaml) with `event` appended."""
+def record_config(run_dir: Path, config: dict, event: str) -> None:
+    """Write config.yaml: the config in force now (`config_dict`), then the directory's history
+    (carried over from the previous config.yaml) with `event` appended."""
     path = Path(run_dir) / "config.yaml"
     history: list[str] = []
     if path.is_file():
@@ -218,7 +217,7 @@ def record_config(run_dir: Path, cfg: Config, event: str) -> None:
     now = datetime.datetime.now().isoformat(timespec="seconds")
     history.append(f"# {now} {event}")
     (Path(run_dir) / MARKER).touch()
-    body = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    body = OmegaConf.to_yaml(config)
     path.write_text(body + "\n" + HISTORY + "\n" + "\n".join(history) + "\n")
 
 

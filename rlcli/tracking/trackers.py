@@ -10,7 +10,6 @@ docs/tracking.md says what each writes.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import logging
@@ -19,7 +18,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlcli.config import Config, ConfigError, LoggerConfig
+from rlcli.config import ConfigError, LoggerConfig
 from rlcli.rewards.scored import ScoredSample
 from rlcli.tracking.curves import CURVES_FILE, plot_runs
 from rlcli.tracking.metrics import MetricsLog
@@ -225,23 +224,25 @@ class Tracker:
     """
 
     def __init__(
-        self, cfg: Config, run_dir: Path, headline: str = "reward/mean", first_step: int = 1
+        self,
+        log: LoggerConfig,
+        config: dict,  # the whole run's config as plain data, which remote trackers record
+        max_steps: int,  # the bar's length
+        run_dir: Path,
+        headline: str = "reward/mean",
+        first_step: int = 1,
     ):
         self.run_dir = run_dir
         # External trackers first: their start-up lines would otherwise break into the bar.
-        config = dataclasses.asdict(cfg)
         self.remotes = [
-            BACKENDS[name][0](cfg.logger, config, run_dir)
-            for name in dict.fromkeys(cfg.logger.backends)
+            BACKENDS[name][0](log, config, run_dir)
+            for name in dict.fromkeys(log.backends)
             if BACKENDS[name][0] is not None
         ]
         for remote in self.remotes:
             print(remote.where)
-        self.metrics = MetricsLog(
-            run_dir, cfg.trainer.max_steps, cfg.logger.progress, headline, first_step
-        )
+        self.metrics = MetricsLog(run_dir, max_steps, log.progress, headline, first_step)
         self.path = self.metrics.path
-        log = cfg.logger
         self.samples = SamplesLog(run_dir, log.samples_every, log.print_samples_every, first_step)
 
     def log(

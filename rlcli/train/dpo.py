@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rlcli.config import Config
+from rlcli.config import Config, config_dict
 from rlcli.data import load_splits
 from rlcli.data.pairs import Pair
 from rlcli.data.problems import PromptStream, content_text, render_messages
@@ -31,7 +31,6 @@ from rlcli.lifecycle.checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from rlcli.lifecycle.run_dir import config_dict
 from rlcli.ops.policy_loss import dpo_loss
 from rlcli.rollout.batch import Rollout, rollout_from_tokens
 from rlcli.runtime.lora import adapters_off, dropout_on

@@ -10,18 +10,20 @@ torchrun every rank runs the loop; rank 0 alone prints, logs and writes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcli.config import Config, ConfigError
+from rlcli.config import Config, ConfigError, config_dict
 from rlcli.lifecycle.checkpoint import read_state, remove_incomplete, resume_point
 from rlcli.lifecycle.guard import EXIT_WORKER_LOST, LoopGuard, RunStopped, resume_command
 from rlcli.lifecycle.hub import check_push, push
 from rlcli.lifecycle.run_dir import check_resume, record_config
 from rlcli.ops.pieces import PieceError
 from rlcli.rewards.scorer import Unscorable
+from rlcli.rollout.backends import resolved_old_logp
 from rlcli.rollout.workers.client import WorkerLost
 from rlcli.runtime import distributed
 from rlcli.tracking.metrics import read_metrics
@@ -242,11 +244,13 @@ def _resume_point(cfg: Config, run_dir: Path, say) -> tuple[Path | None, bool]:
                 url = push(checkpoint, t.push_to_hub)
                 say(f"rlcli: pushed {checkpoint.name} to the hub: {url}")
             return checkpoint, True
-        for line in check_resume(state.get("config"), cfg, checkpoint, state["step"]):
+        old_logp_now = resolved_old_logp(cfg.sampler, cfg.trainer)
+        saved, current = state.get("config"), config_dict(cfg)
+        for line in check_resume(saved, current, old_logp_now, checkpoint, state["step"]):
             say(line)
         event = f"resumed from {checkpoint} at step {state['step']}"
     if main:
-        record_config(run_dir, cfg, f"{event}: {resume_command(run_dir)}")
+        record_config(run_dir, config_dict(cfg), f"{event}: {resume_command(run_dir)}")
     return checkpoint, False
 
 
@@ -266,11 +270,10 @@ def _start(cfg: Config, trainer: Trainer, checkpoint: Path | None, run_dir: Path
     world = distributed.world_size()
     processes = f" in {world} processes" if world > 1 else ""
     say(f"rlcli: {trainer.describe(run)}{processes}; writing to {run_dir}")
-    tracker = (
-        Tracker(cfg, run_dir, trainer.headline, first_step=run.step + 1)
-        if distributed.is_main()
-        else NoTracker()
-    )
+    tracker = NoTracker()
+    if distributed.is_main():
+        config, steps = dataclasses.asdict(cfg), cfg.trainer.max_steps
+        tracker = Tracker(cfg.logger, config, steps, run_dir, trainer.headline, run.step + 1)
     if cfg.algo.objective == "clipped":
         for line in start_warnings(cfg):
             tracker.write(line)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rlcli.collect.collector import Collector, Shaping
-from rlcli.config import Config, ConfigError
+from rlcli.config import Config, ConfigError, config_dict
 from rlcli.data import load_splits
 from rlcli.data.files import read_texts
 from rlcli.data.problems import Problem, PromptRenderer, PromptStream, fit_prompts, prompt_renderer
@@ -28,7 +28,6 @@ from rlcli.lifecycle.checkpoint import (
     save_checkpoint,
     set_python_rng_state,
 )
-from rlcli.lifecycle.run_dir import config_dict
 from rlcli.ops.objective import Objective
 from rlcli.ops.pieces import Piece
 from rlcli.rewards.components import component_names
