@@ -29,6 +29,7 @@ def _choices() -> dict[str, list[str]]:
     from rlcli.data.answers import ANSWER_FORMATS
     from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
     from rlcli.rollout.backends import backend_names
+    from rlcli.tracking.trackers import BACKENDS
     from rlcli.train.loop import TRAINERS
 
     return {
@@ -44,7 +45,7 @@ def _choices() -> dict[str, list[str]]:
         "model.source": ["smollm2_gguf", "tiny", "hub"],
         "data.name": sorted(DATASETS),
         "data.answer_format": sorted(ANSWER_FORMATS),
-        "logger.name": ["jsonl", "wandb", "tensorboard", "mlflow"],
+        "logger.name": list(BACKENDS),
         "trainer.dtype": ["float32", "bfloat16", "float16"],
         "trainer.attention": ["auto", "eager", "sdpa", "flex_attention"],
         "model.gradient_checkpointing": ["auto", "true", "false", "selective"],
