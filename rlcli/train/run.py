@@ -54,6 +54,7 @@ from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.objective_config import objective_from_config
 from rlcli.train.pieces_chosen import advantage_piece
 from rlcli.train.schedule import lr_schedule
+from rlcli.train.step_settings import StepSettings, step_settings
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Run:
     collector: Collector  # each step's sampled, scored and shaped batch
     scorer: Scorer
     objective: Objective
+    settings: StepSettings  # what a step reads of the config, picked once
     estimator: Piece  # algo.advantage's, resolved once
     advantage_settings: dict  # its settings given in algo.advantage_settings
     optimizer: torch.optim.Optimizer
@@ -234,6 +236,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
         collector=_collector(cfg, sampler, scorer, render, prompts, estimator.needs, rng),
         objective=objective_from_config(algo, objective_sampler(cfg.sampler, t),
                                         norm_len=algo.norm_len or budget),
+        settings=step_settings(t, algo, cfg.sampler),
         estimator=estimator, advantage_settings=dict(algo.advantage_settings),
         optimizer=optimizer, scheduler=scheduler, prompts=prompts,
         test_problems=test_set, estimator_state=estimator.state() if estimator.state else None,

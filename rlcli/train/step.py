@@ -25,7 +25,7 @@ from rlcli.runtime.lora import adapters_off, dropout_on
 from rlcli.runtime.models import autocast
 from rlcli.train.critic import batch_values, learn_critic
 from rlcli.train.forward import batch_logprobs
-from rlcli.train.learner import UpdatePlan, learn, lm_loss
+from rlcli.train.learner import learn, lm_loss
 from rlcli.train.run import Run
 from rlcli.train.train_batch import TrainBatch
 
@@ -165,15 +165,15 @@ def train_step(run: Run) -> dict[str, float]:
 def step(run: Run) -> StepResult:
     """One step: collect (sample, score, shape) -> reference and old log-probs -> advantages
     -> learn -> push the new weights to the sampler."""
-    t = run.cfg.trainer
+    s = run.settings
     start = time.perf_counter()
     # With sampler.max_staleness the workers sample the next steps' batches while this one trains.
-    run.scorer.at_step(run.step, t.max_steps)  # TRL's trainer_state, for reward functions
-    collected = run.collector.next_batch(steps_after=t.max_steps - run.step - 1)
+    run.scorer.at_step(run.step, s.max_steps)  # TRL's trainer_state, for reward functions
+    collected = run.collector.next_batch(steps_after=s.max_steps - run.step - 1)
     rollout, scores, metrics = collected.rollout, collected.scores, collected.metrics
     sampled = time.perf_counter()
     lengths = rollout.lengths.float()  # response tokens, tool turns left out
-    rollout = left_out_of_the_loss(rollout, scores, run.cfg.algo.overlong_filter)
+    rollout = left_out_of_the_loss(rollout, scores, s.overlong_filter)
     ref_logp, old_logp, kl_penalty = reference_and_old_logprobs(run, rollout, metrics)
     logprobs_done = time.perf_counter()
     batch = with_advantages(run, rollout, scores, lengths=lengths, old_logp=old_logp,
@@ -251,8 +251,8 @@ def learner_precision(run: Run):
 def reference_and_old_logprobs(run: Run, rollout: Rollout, metrics: dict[str, float]):
     """(reference log-probs or None, old log-probs or None, the KL-in-reward penalty [B, T]);
     the penalty's mean KL goes into `metrics` as loss/kl."""
-    t, algo, temp = run.cfg.trainer, run.cfg.algo, run.cfg.sampler.temperature
-    sizes = (t.micro_batch_size, temp, t.max_tokens_per_micro_batch, t.share_prompts)
+    s = run.settings
+    sizes = s.logprob_passes
     ref_logp = None
     if run.reference is not None:
         # A LoRA run's reference is the policy itself, its adapters off for this pass.
@@ -261,8 +261,8 @@ def reference_and_old_logprobs(run: Run, rollout: Rollout, metrics: dict[str, fl
     # With one update per batch the sampling policy is the current one, so its log-probs
     # equal the learner's own (detached); they are stored up front only when several updates
     # follow or the KL goes into the reward.
-    kl_in_reward = algo.kl_in == "reward" and ref_logp is not None
-    need_old = t.mini_batches * t.epochs > 1 or kl_in_reward or run.critic is not None
+    kl_in_reward = s.kl_in_reward and ref_logp is not None
+    need_old = s.updates_per_batch > 1 or kl_in_reward or run.critic is not None
     with learner_precision(run):
         old_logp = batch_logprobs(run.learner, rollout, *sizes) if need_old else None
     # The KL-in-reward penalty (PPO), beta * k1 per response token, made here for every
@@ -278,7 +278,7 @@ def reference_and_old_logprobs(run: Run, rollout: Rollout, metrics: dict[str, fl
 def with_advantages(run: Run, rollout, scores, *, lengths, old_logp, ref_logp, kl_penalty):
     """The `TrainBatch`: the rollout with its advantages from the run's estimator (the
     critic's values first, for gae) and the log-probs the objective reads."""
-    mbs = run.cfg.trainer.micro_batch_size
+    mbs = run.settings.plan.micro_batch_size
     old_values = batch_values(run.critic, rollout, mbs) if run.critic is not None else None
     advantages, returns = estimate(
         run.estimator,
@@ -287,7 +287,7 @@ def with_advantages(run: Run, rollout, scores, *, lengths, old_logp, ref_logp, k
             scores=scores,
             kl_penalty=kl_penalty,
             mask=rollout.response_mask,
-            group_size=run.cfg.trainer.group_size,
+            group_size=run.settings.group_size,
             prompt_ids=rollout.prompt_ids,
             state=run.estimator_state,
             values=old_values,
@@ -302,28 +302,26 @@ def with_advantages(run: Run, rollout, scores, *, lengths, old_logp, ref_logp, k
 def update(run: Run, batch: TrainBatch, metrics: dict[str, float]) -> list[dict[str, float]]:
     """`trainer.epochs` passes of the learner over the batch (PPO-ptx's LM loss beside the
     objective), then the critic's; returns each epoch's metrics, the critic's go in `metrics`."""
-    t, algo = run.cfg.trainer, run.cfg.algo
-    mbs = t.micro_batch_size
+    s = run.settings
+    plan, mbs = s.plan, s.plan.micro_batch_size
     objective = dataclasses.replace(run.objective, beta=run.beta)
-    plan = UpdatePlan(t.mini_batches, mbs, t.max_tokens_per_micro_batch, t.max_grad_norm,
-                      t.share_prompts)  # fmt: skip
     ptx = None
-    if algo.ptx_coef > 0:
+    if s.ptx_coef > 0:
 
         def ptx():  # noqa: E306 - PPO-ptx: gamma_ptx * LM loss on a batch of pretraining text
             texts = run.rng.sample(run.ptx_texts, min(mbs, len(run.ptx_texts)))
-            return algo.ptx_coef * lm_loss(run.learner.lm, run.tokenizer, texts)
+            return s.ptx_coef * lm_loss(run.learner.lm, run.tokenizer, texts)
 
     with learner_precision(run), dropout_on(run.learner):
         epochs = [
             learn(run.learner, run.optimizer, objective, batch, plan, run.scheduler, ptx)
-            for _ in range(t.epochs)
+            for _ in range(s.epochs)
         ]
     if run.critic is not None:
         with dropout_on(run.critic):
-            for _ in range(t.epochs):
+            for _ in range(s.epochs):
                 critic = learn_critic(
-                    run.critic, run.critic_optimizer, batch, algo.value_clip, algo.vf_coef, plan
+                    run.critic, run.critic_optimizer, batch, s.value_clip, s.vf_coef, plan
                 )
                 metrics.update(critic)
     return epochs
@@ -331,6 +329,6 @@ def update(run: Run, batch: TrainBatch, metrics: dict[str, float]) -> list[dict[
 
 def adapt_kl_beta(run: Run, kl_now: float | None, responses: int) -> None:
     """`algo.kl_target`: the adaptive controller moves the KL coefficient towards the target."""
-    algo = run.cfg.algo
-    if algo.kl_target and kl_now is not None and math.isfinite(kl_now):
-        run.beta = adaptive_kl_beta(run.beta, kl_now, algo.kl_target, responses, algo.kl_horizon)
+    s = run.settings
+    if s.kl_target and kl_now is not None and math.isfinite(kl_now):
+        run.beta = adaptive_kl_beta(run.beta, kl_now, s.kl_target, responses, s.kl_horizon)
