@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from rlcli.config import Config, ConfigError
 
 # The recipe files (`recipes/` at the top of the repository, next to `conf/`).
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 # Recipes under this folder are CPU twins: a paper's algorithm shrunk to SmolLM2 on CPU.
 CPU_FOLDER = "cpu"
 # Recipes under this folder are rlcli's own setups (no paper), each showing a feature on CPU.
