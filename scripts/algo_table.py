@@ -1,6 +1,6 @@
 """Mean reward at the start and end of a fixed-length tiny-model run, for every algo config.
 
-Runs each `conf/algo/*.yaml` under exactly the settings of tests/test_algos.py (tiny random
+Runs each `conf/algo/*.yaml` under exactly the settings of tests/train/test_algos.py (tiny random
 model, `reward=space_rate`) and prints a Markdown table:
 
     PYTHONPATH=. .venv/bin/python scripts/algo_table.py [--steps 25] [extra overrides...]
@@ -13,7 +13,7 @@ from rlcli.train.run import setup
 from rlcli.train.step import train_step
 from rlcli.validate import compose
 from tests.conftest import TINY_ANY_ALGO
-from tests.test_algos import ALGOS, EXTRA, STEPS
+from tests.train.test_algos import ALGOS, EXTRA, STEPS
 
 
 def main() -> None:

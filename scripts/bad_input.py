@@ -9,7 +9,7 @@ wrong: its function returns None, or what went wrong. Cases run in this process 
 `rlcli.cli.main`, as the console script does (a second or two each once torch is imported);
 a case that needs a fresh environment, or a second run beside the first, starts one.
 A run of every case also writes the table and the tally into docs/reliability.md, between
-the page's two marker lines (`TABLE_BEGIN`, `TABLE_END`). tests/test_bad_input.py runs every
+the page's two marker lines (`TABLE_BEGIN`, `TABLE_END`). tests/cli/test_bad_input.py runs every
 case.
 """
 

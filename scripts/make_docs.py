@@ -7,7 +7,7 @@
     .venv/bin/python scripts/make_docs.py           # write the pages
     .venv/bin/python scripts/make_docs.py --check   # exit 1 naming each page that is stale
 
-tests/test_docs_generated.py fails when a page differs from what this writes: after changing a
+tests/docs/test_docs_generated.py fails when a page differs from what this writes: after changing a
 comment in conf/, a metric or a recipe, run this and commit the pages with the change.
 """
 
@@ -80,7 +80,7 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def paragraphs(comment: str) -> list[str]:
     """A file's header comment as Markdown paragraphs: lines joined, a blank line between
     paragraphs; an example command (a line starting `rlcli `) set apart in a ```console block,
-    which tests/test_docs_commands.py does not run (it needs your files or a GPU)."""
+    which tests/docs/test_docs_commands.py does not run (it needs your files or a GPU)."""
     out, prose = [], []
     for line in [*comment.splitlines(), ""]:
         line = line.strip()
@@ -255,7 +255,7 @@ def inline_commands(prose: str) -> str:
 
 def runs_here(recipe: Recipe) -> bool:
     """Whether the recipe runs on this CPU in minutes (its commands in ```bash blocks, which
-    tests/test_docs_commands.py runs), or needs a GPU (```console blocks, shown only)."""
+    tests/docs/test_docs_commands.py runs), or needs a GPU (```console blocks, shown only)."""
     return recipe.cpu_twin or recipe.demo
 
 

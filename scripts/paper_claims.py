@@ -46,8 +46,8 @@ def rlcli(*args: str) -> None:
         sys.exit(f"paper_effects: `rlcli {' '.join(args)}` exited {done.returncode}")
 
 
-# How every smoke test samples (tests/test_paper_effects.py): with transformers, since starting
-# a vLLM engine would take most of the test's time, and only 16 tokens.
+# How every smoke test samples (tests/scripts/test_paper_effects.py): with transformers, since
+# starting a vLLM engine would take most of the test's time, and only 16 tokens.
 TINY_SAMPLING = ["sampler=hf", "sampler.max_new_tokens=16"]
 
 

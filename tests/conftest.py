@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# The repository's root and the test fixtures, for the tests in tests/<room>/ to find them.
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+
 os.environ.setdefault("WANDB_MODE", "offline")
 # Nothing can be downloaded here: a hub id fails at once instead of after retries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,9 +64,8 @@ def site(tmp_path_factory) -> Path:
     the site's and the layout's tests read the same build)."""
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    repo = Path(__file__).resolve().parent.parent
     built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(repo / "mkdocs.yml"),
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
          "-d", str(out)],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip

@@ -125,7 +125,7 @@ def run_code(code: str, limits: dict) -> None:
        seccomp filter refuses new processes whatever a per-user count says;
     2. an audit hook (PEP 578, `install_guard`) refusing sockets and new processes with a
        message the model can read ("the sandbox refuses socket.connect") instead of the kernel's
-       bare errno. It is not a containment: code can switch it off (tests/test_sandbox.py does),
+       bare errno. It is not a containment: code can switch it off (tests/env/test_sandbox.py does),
        and nothing depends on it.
     Outside a box (`env.sandbox=none`, unsafe): the same limits and a stricter hook (files
     outside the temporary directory, ctypes), plus a network namespace where the kernel allows

@@ -2,7 +2,7 @@
 
 One row per name, with what it means and which runs write it. A name may be a pattern whose
 `<part>` stands for any name without a slash (`reward/<component>`). docs/reference/metrics.md
-is generated from this table (`scripts/make_docs.py`); tests/test_docs_generated.py runs short
+is generated from this table (`scripts/make_docs.py`); tests/docs/test_docs_generated.py runs short
 trainings of each kind and checks that every name they write is here, and every name here is
 written by one of them or named there as written only by runs it does not make.
 """

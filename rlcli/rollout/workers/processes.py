@@ -257,7 +257,7 @@ class LocalWorkers:
 def worker_gpus(i: int, k: int, per_worker: int) -> str:
     """CUDA_VISIBLE_DEVICES of local worker i: GPUs after the ones this node's learner ranks
     use (torchrun's LOCAL_WORLD_SIZE, the first ones visible), `per_worker` each.
-    tests/test_workers.py checks the arithmetic under a set CUDA_VISIBLE_DEVICES; no test
+    tests/rollout/test_workers.py checks the arithmetic under a set CUDA_VISIBLE_DEVICES; no test
     starts workers on GPUs."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",") if visible else [str(d) for d in range(torch.cuda.device_count())]
