@@ -44,7 +44,7 @@ def reads_answer(fn: Callable[..., float]) -> bool:
     return "answer" in inspect.signature(fn).parameters
 
 
-# math-verify warns once that its time limits are off; rlcli.scoring sets its own.
+# math-verify warns once that its time limits are off; rewards.scorer sets its own.
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
@@ -69,7 +69,7 @@ def accuracy(response: str, answer: str) -> float:
     expression) and compares values symbolically, so "47", "47.0" and "\\boxed{47}" all count.
     A response in the think/answer format is graded on its last <answer> block (math-verify
     finds no number packed between tags, as in "<answer>47</answer>"). math-verify's own
-    signal-based time limits are off: `rlcli.scoring` puts one limit around the whole call
+    signal-based time limits are off: `rewards.scorer` puts one limit around the whole call
     (two SIGALRM timers cannot nest).
 
     When the ground truth is a number, the answer must be a number too: math-verify would

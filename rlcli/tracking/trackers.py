@@ -1,6 +1,6 @@
 """Where a run's metrics go: `Tracker` is what both training loops log to.
 
-Always: `metrics.jsonl` and the progress bar (`rlcli.metrics.MetricsLog`), `samples.jsonl`
+Always: `metrics.jsonl` and the progress bar (`tracking.metrics.MetricsLog`), `samples.jsonl`
 (`rlcli.tracking.samples`), and `curves.png` drawn from the metrics when the run finishes
 (`tracking.curves`). `logger.backends` (`BACKENDS`) adds any combination of Weights & Biases
 (`WandbRun`), TensorBoard (`TensorBoardRun`) and MLflow (`MlflowRun`), each through its own

