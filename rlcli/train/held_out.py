@@ -123,15 +123,10 @@ def evaluate(
     UnscoredEvaluation when no greedy reply could be scored (the evaluation measured
     nothing)."""
     problems = problems[: cfg.max_problems] if cfg.max_problems else problems
-    each = dict(
-        sampler=sampler,
-        # A chunk with no score is no error here (its replies are not correct); the whole
-        # evaluation without one is, below.
-        scorer=scorer.score,
-        render=render,
-        problems=problems,
-        chunk_size=cfg.prompts_per_batch,
-    )
+    # scorer.score: a chunk with no score is no error here (its replies are not correct); the
+    # whole evaluation without one is, below.
+    each = dict(sampler=sampler, scorer=scorer.score, render=render, problems=problems,
+                chunk_size=cfg.prompts_per_batch)  # fmt: skip
     # One greedy reply and k samples per problem, chunk by chunk (the samples' seeds are one
     # above the greedy ones).
     chunks = zip(

@@ -264,19 +264,13 @@ def shared_prompt_pass(
 ):
     """The pass over `rows`, each a list of groups (lists of response positions in `batch`
     sharing a prompt) laid one after the other; `spans[i]` the columns of response i the pass
-    reads, `prompt_of[i]` its `real_prompt`. Laid out where `batch` is, then moved to `device`
-    (None: the same). Returns (the responses' positions in pass order [b], the Pass, their
-    response mask [b, t]).
-
-    A group of G responses to a P-token prompt reads P + sum(lengths) tokens instead of
-    G x P + sum(lengths): about a third fewer on the default GRPO batch. The prompt's outputs are
-    computed once and receive the gradients of all G responses, which is the sum the padded
-    layout computes G times over (the same value up to rounding). Several groups may follow one
-    another in a row (`pack_rows`), each attending only within itself, so that rows of unequal
-    length need no padding."""
+    reads, `prompt_of[i]` its `real_prompt`; built where `batch` is, moved to `device`. Returns
+    (the responses' positions in pass order [b], the Pass, their response mask [b, t]). A
+    group reads P + sum(lengths) tokens, not G x P + sum(lengths): its prompt's outputs get all
+    G responses' gradients (the padded layout's sum, up to rounding); groups packed in a row
+    (`pack_rows`) attend only within themselves, so rows of unequal length need no padding."""
     width, host = batch.prompt_width, batch.input_ids.device
     device = device or host
-
     # The longest row: its groups' prompts and responses one after the other.
     length = max(sum(len(prompt_of[g[0]]) + sum(spans[i] for i in g) for g in row) for row in rows)
     order = [i for row in rows for group in row for i in group]
@@ -286,8 +280,7 @@ def shared_prompt_pass(
     doc = torch.full_like(ids, -1)  # which group of its row a position belongs to
     segment = torch.full_like(ids, -1)  # 0 prompt, k the group's k-th response, -1 padding
     pred_rows = torch.zeros(len(order), t, dtype=torch.long, device=host)
-    pred_cols = torch.zeros_like(pred_rows)
-    tokens = torch.zeros_like(pred_rows)
+    pred_cols, tokens = torch.zeros_like(pred_rows), torch.zeros_like(pred_rows)
     k = 0
     for r, row in enumerate(rows):
         col = 0
