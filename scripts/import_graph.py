@@ -5,7 +5,8 @@
 
 Rules (docs/ARCHITECTURE.md): no import circle between modules; no module imports one of a
 higher layer (LAYERS below, lowest first: a module belongs to the first prefix it matches);
-no module longer than MAX_LINES. Every import counts, also one inside a function: a lazy
+no module longer than MAX_LINES; no function longer than MAX_FUNCTION_LINES in the
+orchestration rooms (SHORT_ROOMS). Every import counts, also one inside a function: a lazy
 import hides a cycle from Python, not from a reader.
 """
 
@@ -18,6 +19,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rlcli"
 MAX_LINES = 400
+# The orchestration rooms read top to bottom: no function there longer than this.
+MAX_FUNCTION_LINES, SHORT_ROOMS = 60, ("rlcli.train", "rlcli.collect", "rlcli.rollout")
 
 # Lowest first. A module may import from its own layer and the layers before it.
 LAYERS: list[tuple[str, list[str]]] = [
@@ -116,6 +119,14 @@ def main() -> int:
     unplaced = sorted(m for m in modules if layer_of(m) == len(LAYERS))
     long = sorted((n, m) for m, n in lines.items() if n > MAX_LINES)
     top = sorted(p for p in PACKAGE.glob("*.py"))
+    long_functions = sorted(
+        (n.end_lineno - n.lineno + 1, f"{m}.{n.name}")
+        for m, p in files.items()
+        if m.startswith(SHORT_ROOMS)
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+    )
 
     if not args.quiet:
         edges = sum(len(d) for d in graph.values())
@@ -134,7 +145,11 @@ def main() -> int:
     print(f"modules over {MAX_LINES} lines: {len(long)}")
     for n, m in long:
         print(f"  {m}: {n}")
-    return 1 if circles or upward or unplaced or long else 0
+    rooms = ", ".join(r.split(".")[1] + "/" for r in SHORT_ROOMS)
+    print(f"functions over {MAX_FUNCTION_LINES} lines in {rooms}: {len(long_functions)}")
+    for n, f in long_functions:
+        print(f"  {f}: {n}")
+    return 1 if circles or upward or unplaced or long or long_functions else 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ def test_no_import_circle_no_upward_import_no_long_module():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "import circles: 0" in done.stdout
     assert "imports from a lower layer to a higher one: 0" in done.stdout
+    assert "functions over 60 lines in train/, collect/, rollout/: 0" in done.stdout
 
 
 def test_importing_rlcli_and_training_with_hf_leave_vllm_alone(tmp_path):
