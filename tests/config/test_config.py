@@ -200,3 +200,21 @@ def test_nan_in_any_float_field_is_refused_by_name(key, is_list):
 def test_inf_and_minus_inf_are_refused_by_name(override, named):
     with pytest.raises(ConfigError, match=re.escape(named)):
         compose(["reward=math_format", override])
+
+
+def test_the_conf_comments_name_every_registered_choice():
+    # The comments above algo's fields list the choices by hand (YAML cannot compute them):
+    # a piece registered without its name there fails here.
+    import re
+
+    from rlcli.config.comments import base_comments
+    from rlcli.ops.advantages import ADVANTAGES
+    from rlcli.ops.losses import LOSSES
+    from rlcli.ops.policy_loss import AGGREGATIONS, CLIP_BOUNDS, KL_ESTIMATORS, RATIOS
+
+    comments = base_comments()
+    registries = {"advantage": ADVANTAGES, "loss": LOSSES, "ratio": RATIOS, "clip": CLIP_BOUNDS,
+                  "kl": KL_ESTIMATORS, "aggregation": AGGREGATIONS}  # fmt: skip
+    for field, registry in registries.items():
+        words = set(re.findall(r"[a-z_0-9]+", comments[f"algo.{field}"].comment))
+        assert not set(registry) - words, (field, sorted(set(registry) - words))
