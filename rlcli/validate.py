@@ -12,7 +12,6 @@ choices, nan/inf, and what spans sections. The config comes back as the user wro
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 from collections.abc import Sequence
@@ -224,10 +223,11 @@ def with_default_sampler(overrides: Sequence[str]) -> list[str]:
     overrides = list(overrides)
     if any(o.lstrip("+~").split("=")[0] == "sampler" for o in overrides):
         return overrides
+    missing = {n for n in backend_names() if not backend(n).installed()}
+    if not missing:  # the usual case: conf/config.yaml need not be read
+        return overrides
     defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
-    default = next(d["sampler"] for d in defaults if "sampler" in d)
-    package = backend(default).package
-    if package and importlib.util.find_spec(package) is None:
+    if next(d["sampler"] for d in defaults if "sampler" in d) in missing:
         overrides.append(f"sampler={next(n for n in backend_names() if not backend(n).package)}")
     return overrides
 

@@ -10,6 +10,7 @@ backend by name, so a new backend is its module in `rollout/backends/` and its Y
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -120,6 +121,10 @@ class Backend(ABC):
     # The module it imports, and how to install it when it is missing.
     package: str | None = None
     install: str = ""
+
+    def installed(self) -> bool:
+        """Whether the package it needs, if any, can be imported here."""
+        return self.package is None or importlib.util.find_spec(self.package) is not None
 
     def check(self, sampler: SamplerConfig, model: ModelConfig) -> None:
         """A ConfigError for settings this backend cannot run (none beyond the capabilities by

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import importlib.util
 import pkgutil
 from dataclasses import replace
 
@@ -141,7 +140,7 @@ def _check_capabilities(sampler: SamplerConfig, chosen: Backend) -> None:
             "sampler.urls=[...]), k >= 1 updates the workers may run ahead of the learner; an "
             "engine in the learner's process cannot sample while it learns."
         )
-    if chosen.package and importlib.util.find_spec(chosen.package) is None:
+    if not chosen.installed():
         raise ConfigError(
             f"sampler={chosen.name} needs {chosen.title}, which is not installed. Install the "
             f"extra for your machine: {chosen.install}; or sample with another backend: "
