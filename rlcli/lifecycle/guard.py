@@ -37,7 +37,9 @@ def ctrl_c_stops() -> None:
     script starts in the background (`rlcli train ... &`) inherits SIGINT ignored, and Python
     then leaves it so: a Ctrl-C or `kill -INT` during model loading or a worker's start did
     nothing, while one in the loop (whose guard sets its own handler) stopped the run. The
-    handler also notes the Ctrl-C, for `ctrl_c_unwrapped`."""
+    handler also notes the Ctrl-C, for `ctrl_c_unwrapped`; a new command starts un-noted."""
+    global _ctrl_c_pressed
+    _ctrl_c_pressed = False
     try:
         signal.signal(signal.SIGINT, _on_ctrl_c)
     except ValueError:  # not the main thread (an embedding program's): its signals, its call
