@@ -48,6 +48,7 @@ def _choices() -> dict[str, list[str]]:
         "trainer.dtype": ["float32", "bfloat16", "float16"],
         "trainer.attention": ["auto", "eager", "sdpa", "flex_attention"],
         "model.gradient_checkpointing": ["auto", "true", "false", "selective"],
+        "trainer.compile": ["auto", "true", "false"],
     }
 
 
@@ -184,8 +185,9 @@ def validate(raw: DictConfig) -> Config:
         raise ConfigError(
             f"Invalid config value{f' at {key}' if key else ''}: {first}{hint}"
         ) from None
-    # A YAML or command-line true/false reaches the string field as "True"/"False".
+    # A YAML or command-line true/false reaches the string fields as "True"/"False".
     cfg.model.gradient_checkpointing = cfg.model.gradient_checkpointing.lower()
+    cfg.trainer.compile = cfg.trainer.compile.lower()
     for key, allowed in _choices().items():
         group, name = key.split(".")
         value = getattr(getattr(cfg, group), name)

@@ -18,7 +18,9 @@ transformers and peft but no vLLM, so sampling is `sampler=hf`):
 
     python scripts/gpu_check.py                   # on the GPU: prints GPU CHECK PASSED and JSON
     python scripts/gpu_check.py --device cpu --small   # the same code, tiny shapes, on CPU
-    python scripts/gpu_check.py --levers default,compile   # some configurations only
+    python scripts/gpu_check.py --levers default,compile --shape 3b   # some, another shape
+    python scripts/gpu_check.py --no-predict --out r.json --deadline 400   # a GPU lease's run
+    python scripts/gpu_check.py --predict-from r.json   # then the predictions, on any machine
 
 Model FLOPs count 6 per parameter per token of useful work (each group's prompt once and its
 responses; forward and backward; the LM head on the response tokens only), none for attention
@@ -62,6 +64,9 @@ QWEN25_15B = {
     "rms_norm_eps": 1e-06,
     "tie_word_embeddings": True,
 }
+# Qwen2.5-3B's: the same vocabulary, wider and deeper.
+QWEN25_3B = {**QWEN25_15B, "hidden_size": 2048, "intermediate_size": 11008,
+             "num_hidden_layers": 36, "num_attention_heads": 16}  # fmt: skip
 SMALL = {**QWEN25_15B, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}  # fmt: skip
 
@@ -99,9 +104,10 @@ def synthetic_batch(vocab: int, prompts: int, group: int, prompt_len: int, respo
 
 
 # What each configuration changes from "default": rlcli on one GPU with the head's chunks sized
-# for it and selective recompute (what `model.gradient_checkpointing=auto` picks at this shape on
-# an 80 GB card or larger). "before" is issue 56's starting point: the CPU's head chunks and
-# full recompute.
+# for it and selective recompute, eager (what `auto` picked at this shape on an 80 GB card or
+# larger before trainer.compile=auto; compiled, on an H200, it picks `all_no_recompute` but
+# for flex_attention). "before" is issue 56's starting point: the CPU's head chunks and full
+# recompute.
 LEVERS = {
     "default": {},
     "before": {"chunk": "cpu", "recompute": "full"},
@@ -112,7 +118,9 @@ LEVERS = {
     "all": {"attention": "flex_attention", "compile": True},
     "autocast": {"bf16_weights": False},
     "padded": {"share_prompts": False},
+    "all_no_recompute": {"attention": "flex_attention", "compile": True, "recompute": "none"},
 }
+SHAPES = {"1.5b": QWEN25_15B, "3b": QWEN25_3B}
 SMALL_LEVERS = "default,autocast,padded"  # --small's: the CPU test stays short
 
 
@@ -134,6 +142,7 @@ def roofline_setup(lever: dict):
 def measure(
     device: torch.device,
     small: bool,
+    shape: dict,
     tokens: int,
     passes: int,
     bf16_weights: bool = True,
@@ -152,7 +161,6 @@ def measure(
     from rlcli.ops import logprobs
     from rlcli.runtime.precision import WorkingWeights
 
-    shape = SMALL if small else QWEN25_15B
     config = AutoConfig.for_model("qwen2", **shape)
     torch.manual_seed(0)
     with device:
@@ -260,27 +268,25 @@ def top_kernels(step, device: torch.device, count: int = 10) -> list[dict]:
     return [{"name": k, "share": round(t / total, 3), "ms": round(t / 1e3, 3)} for k, t in top]
 
 
-def throughput(device: torch.device, small: bool, tokens: int, passes: int, names) -> dict:
-    """`measure` of each configuration in `names` (keys of LEVERS), each on a fresh model;
-    "default" also profiled."""
-    results = {}
-    for name in names:
-        if LEVERS[name].get("attention") == "flex_attention" and device.type != "cuda":
-            results[name] = {"skipped": "no flex_attention backward on CPU"}
-            continue
-        try:
-            results[name] = measure(
-                device, small, tokens, passes, profile=name == "default", **LEVERS[name]
-            )
-        except torch.OutOfMemoryError:
-            if name != "no_recompute":
-                raise
-            results[name] = {"skipped": "out of memory"}
+def throughput_one(
+    device: torch.device, small: bool, shape: dict, tokens: int, passes: int, name: str
+):
+    """`measure` of configuration `name` of LEVERS on a fresh model; "default" also profiled."""
+    if LEVERS[name].get("attention") == "flex_attention" and device.type != "cuda":
+        return {"skipped": "no flex_attention backward on CPU"}
+    try:
+        return measure(
+            device, small, shape, tokens, passes, profile=name == "default", **LEVERS[name]
+        )
+    except torch.OutOfMemoryError:
+        if LEVERS[name].get("recompute") != "none":
+            raise
+        return {"skipped": "out of memory"}
+    finally:
         # The model, its optimiser state and the allocator's blocks gone before the next.
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return results
 
 
 def calibrate(device: torch.device) -> dict:
@@ -328,7 +334,7 @@ def calibrate(device: torch.device) -> dict:
             "dense_layer_s": dense_s, "flex_layer_s": flex_s}  # fmt: skip
 
 
-def predictions(card: dict, tokens: int, passes: int, names) -> dict:
+def predictions(card: dict, shape: str, tokens: int, passes: int, names) -> dict:
     """The roofline's seconds and MFU for each configuration on the calibrated `card`."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -336,9 +342,10 @@ def predictions(card: dict, tokens: int, passes: int, names) -> dict:
 
     setups = {name: roofline_setup(LEVERS[name]) for name in names}
     wanted = {name: setup for name, setup in setups.items() if setup is not None}
-    with ThreadPoolExecutor(max_workers=8) as pool:  # one process each
+    # One process each, four at a time: seven at once on a 2-core, 24 GiB machine lost one.
+    with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {
-            name: pool.submit(predicted, "1.5b", tokens, passes, setup, card)
+            name: pool.submit(predicted, shape, tokens, passes, setup, card)
             for name, setup in wanted.items()
         }
     return {name: future.result()["this card"] for name, future in futures.items()}
@@ -437,10 +444,47 @@ def cuda_against_cpu(device: torch.device, names=tuple(COMPARED)) -> dict:
     return results
 
 
+def with_predictions(report: dict, tokens: int, passes: int) -> dict:
+    """`report` with the roofline's seconds for each measured configuration on the report's
+    calibrated card, and measured over predicted. The model runs on the CPU, so a report from
+    a GPU machine can be predicted after the lease, on any machine (`--predict-from`)."""
+    levers = report["levers"]
+    names = [name for name, lever in levers.items() if "skipped" not in lever]
+    predicted = predictions(report["card"], report.get("shape", "1.5b"), tokens, passes, names)
+    for name, seconds in predicted.items():
+        levers[name]["predicted_seconds"] = seconds["seconds"]
+        levers[name]["measured_over_predicted"] = round(
+            min(levers[name]["step_seconds"]) / seconds["seconds"], 3
+        )
+    return report
+
+
+def sections(device: torch.device, args, names: list[str]) -> list[tuple[str, callable]]:
+    """What the check runs, in order: the card's calibration, the configurations, the tiny
+    model's steps and CUDA against the CPU, and the compiled configurations last (their
+    compilation is the slowest part, so a deadline cuts them first)."""
+    tokens = min(args.tokens, 512) if args.small else args.tokens
+    shape = SMALL if args.small else SHAPES[args.shape]
+
+    def lever(name):
+        return lambda: throughput_one(device, args.small, shape, tokens, args.passes, name)
+
+    cuda = device.type == "cuda"
+    compiled = [n for n in names if LEVERS[n].get("compile")]
+    return [
+        *([("card", lambda: calibrate(device))] if cuda else []),
+        *[(f"levers.{n}", lever(n)) for n in names if n not in compiled],
+        ("tiny_steps", lambda: tiny_steps(device)),
+        *([("cuda_against_cpu", lambda: cuda_against_cpu(device))] if cuda else []),
+        *[(f"levers.{n}", lever(n)) for n in compiled],
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU, tests)")
+    parser.add_argument("--shape", choices=SHAPES, default="1.5b", help="the model's shape")
     parser.add_argument("--tokens", type=int, default=16384, help="most tokens per pass")
     parser.add_argument("--passes", type=int, default=2, help="passes per optimiser step")
     parser.add_argument(
@@ -448,36 +492,55 @@ def main() -> None:
         help=f"comma-separated configurations of the throughput part, of {','.join(LEVERS)} "
         f"(default all; with --small {SMALL_LEVERS}); default always runs",
     )
+    parser.add_argument("--out", help="write the report here after every section")
+    parser.add_argument(
+        "--deadline", type=float, help="seconds after which no section starts (skipped)"
+    )
+    parser.add_argument(
+        "--no-predict", action="store_true", help="leave the roofline's predictions out"
+    )
+    parser.add_argument(
+        "--predict-from", help="a report (JSON) from a GPU: add its predictions and print it"
+    )
     args = parser.parse_args()
+    if args.predict_from:
+        report = json.loads(open(args.predict_from).read())
+        print(json.dumps(with_predictions(report, args.tokens, args.passes), indent=1))
+        return
     chosen = (args.levers or (SMALL_LEVERS if args.small else ",".join(LEVERS))).split(",")
     if unknown := set(chosen) - set(LEVERS):
         parser.error(f"unknown levers {sorted(unknown)}; they are {', '.join(LEVERS)}")
     # In LEVERS' order, and always "default": the one the others are read against.
     names = [name for name in LEVERS if name in chosen or name == "default"]
     device = torch.device(args.device)
-    tokens = min(args.tokens, 512) if args.small else args.tokens
-    report = {"torch": torch.__version__}
-    began = time.perf_counter()
-    cuda = device.type == "cuda"
-    if cuda:
-        report["card"] = calibrate(device)
-        predicted = predictions(report["card"], tokens, args.passes, names)
-    levers = throughput(device, args.small, tokens, args.passes, names)
-    if cuda:  # measured against predicted, each configuration
-        for name, lever in levers.items():
-            if name in predicted and "skipped" not in lever:
-                lever["predicted_seconds"] = predicted[name]["seconds"]
-                lever["measured_over_predicted"] = round(
-                    min(lever["step_seconds"]) / predicted[name]["seconds"], 3
-                )
-    report["throughput"] = levers["default"]
-    report["levers"] = levers
-    report["tiny_steps"] = tiny_steps(device)
-    if cuda:
-        report["cuda_against_cpu"] = cuda_against_cpu(device)
+    report = {"torch": torch.__version__, "shape": "small" if args.small else args.shape}
+    report["levers"] = {}
+    began, cut = time.perf_counter(), []
+    for key, run_section in sections(device, args, names):
+        elapsed = time.perf_counter() - began
+        if args.deadline is not None and elapsed > args.deadline:
+            result = {"skipped": f"deadline ({elapsed:.0f} s > {args.deadline:.0f} s)"}
+            cut.append(key)
+        else:
+            result = run_section()
+        if key.startswith("levers."):
+            report["levers"][key.removeprefix("levers.")] = result
+        else:
+            report[key] = result
+        print(f"gpu_check: {key} done at {time.perf_counter() - began:.0f} s", flush=True)
+        if args.out:
+            with open(args.out, "w") as out:
+                json.dump(report, out, indent=1)
+    report["levers"] = {name: report["levers"][name] for name in names}  # LEVERS' order
+    report["throughput"] = report["levers"]["default"]
+    if device.type == "cuda" and not args.no_predict:
+        with_predictions(report, args.tokens, args.passes)
     report["seconds"] = round(time.perf_counter() - began, 1)
     print(json.dumps(report, indent=1))
-    measured = [lever for lever in levers.values() if "skipped" not in lever]
+    if cut:
+        print(f"GPU CHECK INCOMPLETE: the deadline cut {', '.join(cut)}")
+        raise SystemExit(1)
+    measured = [lever for lever in report["levers"].values() if "skipped" not in lever]
     ok = (
         all(lever["loss_finite"] for lever in measured)
         and report["tiny_steps"]["finite"]

@@ -43,12 +43,10 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_check import QWEN25_15B, SMALL, synthetic_batch  # noqa: E402
+from gpu_check import QWEN25_3B, QWEN25_15B, SMALL, synthetic_batch  # noqa: E402
 
 aten = torch.ops.aten
 
-QWEN25_3B = {**QWEN25_15B, "hidden_size": 2048, "intermediate_size": 11008,
-             "num_hidden_layers": 36, "num_attention_heads": 16}  # fmt: skip
 # Qwen2.5-1.5B's widths and vocabulary with 2 layers: the test's, every per-layer and head
 # cost of the full shape at a fourteenth of its operators.
 TWO_LAYERS = {**QWEN25_15B, "num_hidden_layers": 2}

@@ -214,7 +214,7 @@ class TrainerConfig:
     attention: str = MISSING
     bf16_autocast: bool = MISSING
     bf16_weights: bool = MISSING
-    compile: bool = MISSING
+    compile: str = MISSING  # auto, true or false
     lr: float = MISSING
     weight_decay: float = MISSING
     warmup_steps: int = MISSING

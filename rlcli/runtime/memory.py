@@ -17,14 +17,17 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 # Bytes each token keeps per decoder layer for the backward without checkpointing, per unit of
 # hidden and intermediate (MLP) width: 16 x (hidden + intermediate). Set above what was
-# measured: SmolLM2 on CPU kept 0.86 GiB more for 1,536 tokens (30 layers; 20 kB per token and
-# layer against 34 kB here), Qwen2.5-1.5B's shape on an H200 63 GiB more for 16,384 tokens
-# (28 layers; 147 kB against 168 kB), docs/performance.md.
+# measured (docs/performance.md, "On a CUDA GPU"): SmolLM2 on CPU 7.9 (0.86 GiB more for 1,536
+# tokens), Qwen2.5-1.5B's shape on an H200 12.0 (54 GiB of activations at the peak for
+# 16,384-token passes over bfloat16 weights).
 BYTES_PER_WIDTH = 16
-# The same under selective checkpointing, which keeps the products' outputs in bfloat16: at
-# Qwen2.5-1.5B's shape 42 kB per token and layer by this rule, 35 kB in scripts/roofline.py's
-# count of the live tensors (40.8 against 25.9 GiB of peak for 16,384-token passes).
-SELECTIVE_BYTES_PER_WIDTH = 4
+# The same under selective checkpointing, which keeps the products' outputs in bfloat16:
+# 6.4-6.5 measured on the H200 (Qwen2.5-1.5B's and 3B's shapes, 16,384-token passes).
+SELECTIVE_BYTES_PER_WIDTH = 8
+# With compiled layers (trainer.compile), which keep fewer of the element-wise intermediates:
+# 8.4-8.9 without checkpointing and 2.1 with selective measured on the same H200.
+COMPILED_BYTES_PER_WIDTH = 10
+COMPILED_SELECTIVE_BYTES_PER_WIDTH = 3
 
 # The operators whose outputs selective checkpointing keeps: the linear layers' products and
 # the fused attention kernels (sdpa's, on CUDA and the CPU). Not `bmm`: eager attention's
@@ -44,12 +47,18 @@ KEPT_OPERATORS = frozenset(
 )
 
 
-def activation_bytes(config, tokens: int, selective: bool = False) -> int:
+def activation_bytes(config, tokens: int, selective: bool = False, compiled: bool = False) -> int:
     """What a pass of `tokens` tokens through a transformers model of `config` keeps for its
-    backward without checkpointing, or with `selective` checkpointing."""
+    backward without checkpointing, or with `selective` checkpointing; fewer where its layers
+    are `compiled`."""
     layers = config.num_hidden_layers
     width = config.hidden_size + getattr(config, "intermediate_size", 4 * config.hidden_size)
-    per_width = SELECTIVE_BYTES_PER_WIDTH if selective else BYTES_PER_WIDTH
+    per_width = {
+        (False, False): BYTES_PER_WIDTH,
+        (True, False): SELECTIVE_BYTES_PER_WIDTH,
+        (False, True): COMPILED_BYTES_PER_WIDTH,
+        (True, True): COMPILED_SELECTIVE_BYTES_PER_WIDTH,
+    }[selective, compiled]
     return per_width * width * layers * tokens
 
 

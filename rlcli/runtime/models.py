@@ -334,6 +334,13 @@ def load_causal_lm(
     return model
 
 
+def compiles(setting: str, device: torch.device) -> bool:
+    """Whether the learner is compiled: trainer.compile true or false as set; auto on CUDA
+    only, where one H200 measured a fifth off the step and the CPU measured nothing
+    (docs/performance.md, "On a CUDA GPU")."""
+    return setting == "true" or (setting == "auto" and device.type == "cuda")
+
+
 def compile_layers(lm: torch.nn.Module) -> int:
     """`torch.compile` each decoder layer of `lm` in place (transformers' layers, the unit that
     gradient checkpointing recomputes), so that the element-wise work between its matrix

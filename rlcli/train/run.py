@@ -41,6 +41,7 @@ from rlcli.runtime.memory import activation_bytes, checkpointing_kwargs, free_by
 from rlcli.runtime.models import (
     adamw,
     compile_layers,
+    compiles,
     compute_dtype,
     load_causal_lm,
     load_tokenizer,
@@ -109,7 +110,7 @@ def _problems(cfg: Config) -> tuple[list, list]:
     return train_set, test_set
 
 
-def _learner(cfg: Config, policy, compute: str):
+def _learner(cfg: Config, policy, compute: str, compiled: bool):
     """(the model the learner's passes run, its bfloat16 working weights or None, whether the
     passes run under autocast). Where the learner computes in bfloat16, its passes run over
     bfloat16 weights with float32 masters (`runtime.precision`) rather than under autocast; a
@@ -118,12 +119,12 @@ def _learner(cfg: Config, policy, compute: str):
     lora = cfg.model.lora.rank > 0
     bf16_weights = compute == "bfloat16" and t.bf16_weights and t.dtype == "float32" and not lora
     working = None
-    learner = TokenLogprobModel(policy, fused_head=t.compile)
+    learner = TokenLogprobModel(policy, fused_head=compiled)
     if distributed.world_size() > 1:
         learner = distributed.shard(learner, policy, torch.bfloat16 if bf16_weights else None)
     elif bf16_weights:
         working = WorkingWeights(policy)
-        learner = TokenLogprobModel(working.model, fused_head=t.compile)
+        learner = TokenLogprobModel(working.model, fused_head=compiled)
     return learner, working, compute == "bfloat16" and not bf16_weights
 
 
@@ -179,13 +180,13 @@ def _critic(cfg: Config, estimator, model_path: str, device, checkpoint: Path | 
     return critic, adamw(trainable(critic), algo.critic_lr or cfg.trainer.lr)
 
 
-def recompute_and_compile(cfg: Config, lm: torch.nn.Module, device) -> None:
+def recompute_and_compile(cfg: Config, lm: torch.nn.Module, device, compiled: bool) -> None:
     """Gradient checkpointing as `checkpointing_mode` decides, and trainer.compile."""
-    if (recompute := checkpointing_mode(cfg, lm, device)) != "none":
+    if (recompute := checkpointing_mode(cfg, lm, device, compiled)) != "none":
         lm.gradient_checkpointing_enable(checkpointing_kwargs(recompute))
         lm.train()  # transformers only checkpoints in training mode; Llama has no dropout
         dropout_off(lm)  # LoRA's has, for the learner's passes only
-    if cfg.trainer.compile:
+    if compiled:
         compile_layers(lm)
 
 
@@ -211,7 +212,8 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if t.attention != "auto":
         policy.set_attn_implementation(t.attention)
     compute = compute_dtype(t, device)
-    learner, working, learner_autocast = _learner(cfg, policy, compute)
+    compiled = compiles(t.compile, device)
+    learner, working, learner_autocast = _learner(cfg, policy, compute, compiled)
     reference = _reference(cfg, policy, model_path, compute, device)
     estimator = advantage_piece(algo.advantage)
     critic, critic_optimizer = _critic(cfg, estimator, model_path, device, checkpoint)
@@ -222,7 +224,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
                      sharded, cfg.env, trusts_remote_code(cfg.model.init_kwargs))
     )  # fmt: skip
     # Decided once the rest of the run is loaded, by the memory left for the activations.
-    recompute_and_compile(cfg, learner.lm, device)
+    recompute_and_compile(cfg, learner.lm, device, compiled)
     optimizer = adamw(trainable(policy if working else learner), t.lr, t.weight_decay)
     if working is not None:
         working.follow(optimizer)
@@ -247,13 +249,15 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     return run
 
 
-def checkpointing_mode(cfg: Config, lm: torch.nn.Module, device: torch.device) -> str:
+def checkpointing_mode(
+    cfg: Config, lm: torch.nn.Module, device: torch.device, compiled: bool = False
+) -> str:
     """What the learner recomputes in the backward, "none", "selective" or "full"
     (`runtime.memory`): `model.gradient_checkpointing` true, false or selective as set; auto:
     the least recompute whose activations for the largest pass (`activation_bytes` of
-    trainer.max_tokens_per_micro_batch tokens) fit in half the memory free now, less the
-    gradients and AdamW state to come (12 bytes per trained parameter). Under torchrun the rank
-    with the least memory decides."""
+    trainer.max_tokens_per_micro_batch tokens, fewer where the layers are `compiled`) fit in
+    half the memory free now, less the gradients and AdamW state to come (12 bytes per trained
+    parameter). Under torchrun the rank with the least memory decides."""
     mode = cfg.model.gradient_checkpointing  # auto, true, false or selective (`validate`)
     if mode != "auto":
         return {"true": "full", "false": "none"}.get(mode, mode)
@@ -263,9 +267,9 @@ def checkpointing_mode(cfg: Config, lm: torch.nn.Module, device: torch.device) -
     )
     optimiser_state = 12 * sum(p.numel() for p in lm.parameters() if p.requires_grad)
     free = -distributed.all_max(-(free_bytes(device) - optimiser_state))
-    if 2 * activation_bytes(lm.config, tokens) <= free:
+    if 2 * activation_bytes(lm.config, tokens, compiled=compiled) <= free:
         return "none"
-    selective = activation_bytes(lm.config, tokens, selective=True)
+    selective = activation_bytes(lm.config, tokens, selective=True, compiled=compiled)
     return "selective" if 2 * selective <= free else "full"
 
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rlcli.config.schema import ConfigError
 from rlcli.ops.logprobs import chunk_elements_for, chunked_logprob_entropy
 from rlcli.runtime import memory
 from rlcli.runtime.memory import checkpointing_kwargs
-from rlcli.runtime.models import compile_layers
+from rlcli.runtime.models import compile_layers, compiles
 from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.learner import UpdatePlan, learn, read_once
 from rlcli.train.objective_config import objective_from_config
@@ -157,15 +158,36 @@ def test_a_run_that_recomputes_has_its_learner_in_training_mode(written, compile
     assert lm.is_gradient_checkpointing and lm.training
 
 
-@pytest.mark.parametrize(("free_mb", "want"), [(400, "none"), (120, "selective"), (30, "full")])
-def test_auto_recompute_is_the_least_whose_activations_fit(monkeypatch, free_mb, want):
-    # SMALL's shape (2 layers, 128 + 256 wide) at 8,192-token passes: keeping everything needs
-    # 2 x 101 MB and selective recompute 2 x 25 MB by runtime.memory's rules, beside 6 MB of
-    # gradients and AdamW state; the memory free decides.
+@pytest.mark.parametrize(
+    ("free_mb", "compiled", "want"),
+    [(400, False, "none"), (150, False, "selective"), (150, True, "none"),
+     (60, False, "full"), (60, True, "selective"), (30, True, "full")],
+)  # fmt: skip
+def test_auto_recompute_is_the_least_whose_activations_fit(monkeypatch, free_mb, compiled, want):
+    # SMALL's shape (2 layers, 128 + 256 wide) at 8,192-token passes, by runtime.memory's rules:
+    # keeping everything needs 2 x 101 MB (2 x 63 MB compiled), selective recompute 2 x 50 MB
+    # (2 x 19 MB compiled), beside 6 MB of gradients and AdamW state; the memory free and
+    # whether the layers are compiled decide.
     cfg = compose(["model=tiny", "trainer.max_tokens_per_micro_batch=8192"])
     lm = small_qwen()
     monkeypatch.setattr("rlcli.train.run.free_bytes", lambda device: free_mb * 10**6)
-    assert checkpointing_mode(cfg, lm, torch.device("cpu")) == want
+    assert checkpointing_mode(cfg, lm, torch.device("cpu"), compiled) == want
     for written, mode in (("true", "full"), ("false", "none"), ("selective", "selective")):
         cfg.model.gradient_checkpointing = written
-        assert checkpointing_mode(cfg, lm, torch.device("cpu")) == mode
+        assert checkpointing_mode(cfg, lm, torch.device("cpu"), compiled) == mode
+
+
+@pytest.mark.parametrize(
+    ("written", "device", "want"),
+    [("auto", "cuda", True), ("auto", "cpu", False), ("True", "cpu", True),
+     ("false", "cuda", False)],
+)  # fmt: skip
+def test_compile_auto_is_on_cuda_only(written, device, want):
+    # A YAML or command-line True reaches the field as "True": read as the choice "true".
+    cfg = compose(tiny(f"trainer.compile={written}"))
+    assert compiles(cfg.trainer.compile, torch.device(device)) is want
+
+
+def test_a_compile_setting_outside_the_choices_is_refused():
+    with pytest.raises(ConfigError, match=r"trainer.compile='sometimes'.*auto, true, false"):
+        compose(tiny("trainer.compile=sometimes"))

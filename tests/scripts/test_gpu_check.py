@@ -14,7 +14,17 @@ SCRIPT = REPO / "scripts" / "gpu_check.py"
 
 def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--small", "--passes", "2"],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--small",
+            "--passes",
+            "2",
+            "--out",
+            str(tmp_path / "report.json"),
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -22,7 +32,12 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.rstrip().endswith("GPU CHECK PASSED")
-    report = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
+    # A line as each section ends, then the report, which --out also holds.
+    sections = ["levers.default", "levers.autocast", "levers.padded", "tiny_steps"]
+    assert [line.split()[1] for line in done.stdout.splitlines()[:4]] == sections
+    report = json.loads(done.stdout[done.stdout.index("\n{") : done.stdout.rindex("}") + 1])
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["levers"] == report["levers"] and report["shape"] == "small"
     passes = report["throughput"]
     assert passes["card"] == "cpu" and passes["mfu"] is None
     assert passes["tokens_per_s"] > 0 and passes["model_tflop_per_s"] > 0
@@ -43,3 +58,15 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     # A dense reward (reward=space_rate): every step has a gradient.
     assert all(m["actor/grad_norm"] > 0 for m in [*steps["grpo"], steps["lora"]])
     assert "cuda_against_cpu" not in report  # only on a GPU
+
+
+def test_a_deadline_skips_what_it_cuts_and_says_the_check_is_incomplete(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--small", "--deadline", "0",
+         "--out", str(tmp_path / "report.json")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "GPU CHECK INCOMPLETE: the deadline cut levers.default" in done.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert all("deadline" in lever["skipped"] for lever in report["levers"].values())
