@@ -130,34 +130,75 @@ def full_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, tensor
 
 
-def full_state(root: nn.Module, optimizer) -> tuple[dict, dict]:
-    """(the LM's state dict, the optimiser's) gathered whole on rank 0 (on CPU; other ranks
-    get empty dicts), for saving. `root` is `shard`'s result: the LM's keys lose its `lm.`."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+def full_weights(root: nn.Module) -> dict:
+    """The LM's state dict gathered whole on rank 0 (on CPU; other ranks get an empty dict),
+    for saving. `root` is `shard`'s result: the LM's keys lose its `lm.`."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     # The root stays gathered after a forward without backward (sampling, old log-probs); its
     # registered parameters must be the sharded ones the optimiser holds.
     root.reshard()
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(root, options=options)
-    return (
-        {name.removeprefix("lm."): tensor for name, tensor in weights.items()},
-        get_optimizer_state_dict(root, optimizer, options=options),
-    )
+    return {name.removeprefix("lm."): tensor for name, tensor in weights.items()}
 
 
-def load_full_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_optimizer_state_dict,
-    )
+def full_optimizer_state(model: nn.Module, optimizer) -> dict:
+    """The optimiser's state whole (on CPU), keyed by parameter name as in the LM's own state
+    dict (no `lm.`), whatever the number of ranks: what a run on any other number resumes
+    from (`load_optimizer_state`). Under torchrun rank 0 alone gets it (the others, empty);
+    `model` is `shard`'s result there, else the module holding the optimiser's parameters."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    if world_size() > 1:
+        model.reshard()  # its registered parameters must be the shards the optimiser holds
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return _renamed(get_optimizer_state_dict(model, optimizer, options=options), "lm.", "")
+
+
+def load_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
+    """Put a whole optimiser state, saved by any number of ranks, into `optimizer` on this
+    one's (sharding it where `model` is sharded). Also reads the two layouts checkpoints had
+    before: one process's (parameters numbered) and torchrun's (names with the root's `lm.`)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = _names_in_order(model, optimizer)
+    if any(isinstance(i, int) for g in state["param_groups"] for i in g["params"]):
+        # One process's, before: the parameters numbered in the optimiser's order.
+        number = {index: names[index] for index in range(len(names))}
+        state = {
+            "state": {number[int(k)]: v for k, v in state["state"].items()},
+            "param_groups": [
+                {**g, "params": [number[int(i)] for i in g["params"]]}
+                for g in state["param_groups"]
+            ],
+        }
+    state = _renamed(state, "lm.", "")
+    prefix = "lm." if names and names[0].startswith("lm.") else ""
     options = StateDictOptions(full_state_dict=True)
-    set_optimizer_state_dict(model, optimizer, state, options=options)
+    set_optimizer_state_dict(model, optimizer, _renamed(state, "", prefix), options=options)
+
+
+def _names_in_order(model: nn.Module, optimizer) -> list[str]:
+    """The names in `model` of the optimiser's parameters, in the optimiser's order."""
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _renamed(state: dict, old: str, new: str) -> dict:
+    """An optimiser state dict whose parameter names start with `new` instead of `old`."""
+
+    def rename(name: str) -> str:
+        return new + name.removeprefix(old) if name.startswith(old) else name
+
+    if not state:  # a rank other than 0 gets nothing of a gathered state
+        return state
+    return {
+        "state": {rename(k): v for k, v in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [rename(n) for n in g["params"]]} for g in state["param_groups"]
+        ],
+    }
 
 
 def all_sum(value: float) -> float:
@@ -206,6 +247,15 @@ def mean_metrics(metrics: dict) -> dict:
 def barrier() -> None:
     if world_size() > 1:
         dist.barrier()
+
+
+def all_ranks(value) -> list:
+    """Every rank's `value` (any picklable object), in rank order, on every rank."""
+    if world_size() == 1:
+        return [value]
+    out: list = [None] * world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def from_main(value):

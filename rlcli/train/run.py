@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rlcli.collect.collector import Collector, Shaping
-from rlcli.config import Config, ConfigError, config_dict
+from rlcli.config import Config, config_dict
 from rlcli.data import load_splits
 from rlcli.data.files import read_texts
 from rlcli.data.problems import Problem, PromptRenderer, PromptStream, fit_prompts, prompt_renderer
@@ -28,6 +28,7 @@ from rlcli.lifecycle.checkpoint import (
     save_checkpoint,
     set_python_rng_state,
 )
+from rlcli.lifecycle.ranks import rank_state, world_changed
 from rlcli.ops.objective import Objective
 from rlcli.ops.pieces import Piece
 from rlcli.rewards.components import component_names
@@ -300,18 +301,30 @@ def run_state(run: Run) -> tuple[dict, dict]:
     # Rounds the workers sample ahead (sampler.max_staleness) are not saved: the checkpoint's
     # position is before them, so a resumed run samples their problems again.
     position, ahead = run.collector.resume_position()
+    # What each rank draws its own numbers from: under torchrun each samples its own responses.
+    ranks = distributed.all_ranks(
+        {
+            "rng": rng_state(),
+            "run_rng": python_rng_state(run.rng),
+            "sampler": run.sampler.state_dict(),
+        }
+    )
     state = {
         "data_position": position,
         "rounds_ahead_discarded": ahead,
         "beta": run.beta,
         "estimator_state": _state_dict(run.estimator_state),
-        "rng": rng_state(),
-        "run_rng": python_rng_state(run.rng),
-        "sampler": run.sampler.state_dict(),
+        **ranks[0],  # rank 0's also where checkpoints before per-rank states kept them
+        "ranks": ranks,
         "world_size": distributed.world_size(),
         "config": config_dict(run.cfg),  # what a resume compares its command with
     }
-    tensors = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict()}
+    # The optimiser's state whole and by parameter name, so that any number of ranks resumes.
+    holder = run.learner if distributed.world_size() > 1 else run.policy
+    tensors = {
+        "optimizer": distributed.full_optimizer_state(holder, run.optimizer),
+        "scheduler": run.scheduler.state_dict(),
+    }
     if run.critic_optimizer is not None:
         tensors["critic_optimizer"] = run.critic_optimizer.state_dict()
     return state, tensors
@@ -324,16 +337,8 @@ def _state_dict(state: object | None) -> dict | None:
 def restore(run: Run, checkpoint: Path) -> None:
     """Put the saved optimiser, scheduler, counters and RNG states back into a fresh `run`."""
     state, tensors = load_checkpoint(checkpoint)
-    if state.get("world_size", 1) != distributed.world_size():
-        raise ConfigError(
-            f"{checkpoint} was written by {state.get('world_size', 1)} process(es) and this run "
-            f"has {distributed.world_size()}: its optimiser state is laid out for that number. "
-            "Resume with as many processes, or start afresh from its weights (model.path=...)."
-        )
-    if distributed.world_size() > 1:
-        distributed.load_full_optimizer_state(run.learner, run.optimizer, tensors["optimizer"])
-    else:
-        run.optimizer.load_state_dict(tensors["optimizer"])
+    holder = run.learner if distributed.world_size() > 1 else run.policy
+    distributed.load_optimizer_state(holder, run.optimizer, tensors["optimizer"])
     run.scheduler.load_state_dict(tensors["scheduler"])
     apply_optimizer_settings(run.optimizer, run.cfg.trainer, run.scheduler)
     if run.critic_optimizer is not None:
@@ -355,9 +360,19 @@ def restore(run: Run, checkpoint: Path) -> None:
         saved = state.get("estimator_state", state.get("sas"))
         if saved:
             run.estimator_state.load_state_dict(saved)
-    set_python_rng_state(run.rng, state["run_rng"])
-    run.sampler.load_state_dict(state["sampler"])
-    restore_rng(state["rng"])  # last: loading models above may have drawn numbers
+    saved_world, world, rank = (
+        state.get("world_size", 1),
+        distributed.world_size(),
+        distributed.rank(),
+    )
+    if saved_world != world and distributed.is_main():
+        print(world_changed(checkpoint, saved_world, world, run.cfg.trainer.prompts_per_step))
+    if (mine := rank_state(state, rank, world)) is None:  # a rank the writer did not have
+        seed_everything(run.cfg.trainer.seed + rank + 100_003 * run.step)
+        return
+    set_python_rng_state(run.rng, mine["run_rng"])
+    run.sampler.load_state_dict(mine["sampler"])
+    restore_rng(mine["rng"])  # last: loading models above may have drawn numbers
 
 
 def save(run: Run, run_dir: Path) -> Path:
@@ -366,7 +381,7 @@ def save(run: Run, run_dir: Path) -> Path:
     extra = {"critic": run.critic} if run.critic is not None else None
     weights, target = None, run_dir / "checkpoints" / f"step_{run.step}"
     if distributed.world_size() > 1:
-        weights, tensors["optimizer"] = distributed.full_state(run.learner, run.optimizer)
+        weights = distributed.full_weights(run.learner)
     if distributed.is_main():
         target = save_checkpoint(
             run_dir,
