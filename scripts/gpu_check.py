@@ -444,10 +444,12 @@ def cuda_against_cpu(device: torch.device, names=tuple(COMPARED)) -> dict:
     return results
 
 
-def with_predictions(report: dict, tokens: int, passes: int) -> dict:
+def with_predictions(report: dict, tokens: int = 16384, passes: int = 2) -> dict:
     """`report` with the roofline's seconds for each measured configuration on the report's
-    calibrated card, and measured over predicted. The model runs on the CPU, so a report from
-    a GPU machine can be predicted after the lease, on any machine (`--predict-from`)."""
+    calibrated card and at its tokens and passes (`tokens` and `passes` only for reports that
+    do not record them), and measured over predicted. The model runs on the CPU, so a report
+    from a GPU machine can be predicted after the lease, on any machine (`--predict-from`)."""
+    tokens, passes = report.get("tokens", tokens), report.get("passes", passes)
     levers = report["levers"]
     names = [name for name, lever in levers.items() if "skipped" not in lever]
     predicted = predictions(report["card"], report.get("shape", "1.5b"), tokens, passes, names)
@@ -459,11 +461,12 @@ def with_predictions(report: dict, tokens: int, passes: int) -> dict:
     return report
 
 
-def sections(device: torch.device, args, names: list[str]) -> list[tuple[str, callable]]:
+def sections(
+    device: torch.device, args, tokens: int, names: list[str]
+) -> list[tuple[str, callable]]:
     """What the check runs, in order: the card's calibration, the configurations, the tiny
     model's steps and CUDA against the CPU, and the compiled configurations last (their
     compilation is the slowest part, so a deadline cuts them first)."""
-    tokens = min(args.tokens, 512) if args.small else args.tokens
     shape = SMALL if args.small else SHAPES[args.shape]
 
     def lever(name):
@@ -513,10 +516,11 @@ def main() -> None:
     # In LEVERS' order, and always "default": the one the others are read against.
     names = [name for name in LEVERS if name in chosen or name == "default"]
     device = torch.device(args.device)
-    report = {"torch": torch.__version__, "shape": "small" if args.small else args.shape}
-    report["levers"] = {}
+    report = {"torch": torch.__version__, "shape": "small" if args.small else args.shape,
+              "tokens": min(args.tokens, 512) if args.small else args.tokens,
+              "passes": args.passes, "levers": {}}  # fmt: skip
     began, cut = time.perf_counter(), []
-    for key, run_section in sections(device, args, names):
+    for key, run_section in sections(device, args, report["tokens"], names):
         elapsed = time.perf_counter() - began
         if args.deadline is not None and elapsed > args.deadline:
             result = {"skipped": f"deadline ({elapsed:.0f} s > {args.deadline:.0f} s)"}
@@ -534,7 +538,7 @@ def main() -> None:
     report["levers"] = {name: report["levers"][name] for name in names}  # LEVERS' order
     report["throughput"] = report["levers"]["default"]
     if device.type == "cuda" and not args.no_predict:
-        with_predictions(report, args.tokens, args.passes)
+        with_predictions(report)
     report["seconds"] = round(time.perf_counter() - began, 1)
     print(json.dumps(report, indent=1))
     if cut:

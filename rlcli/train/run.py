@@ -320,14 +320,19 @@ def run_state(run: Run) -> tuple[dict, dict]:
         "config": config_dict(run.cfg),  # what a resume compares its command with
     }
     # The optimiser's state whole and by parameter name, so that any number of ranks resumes.
-    holder = run.learner if distributed.world_size() > 1 else run.policy
     tensors = {
-        "optimizer": distributed.full_optimizer_state(holder, run.optimizer),
+        "optimizer": distributed.full_optimizer_state(_optimizer_holder(run), run.optimizer),
         "scheduler": run.scheduler.state_dict(),
     }
     if run.critic_optimizer is not None:
         tensors["critic_optimizer"] = run.critic_optimizer.state_dict()
     return state, tensors
+
+
+def _optimizer_holder(run: Run) -> torch.nn.Module:
+    """The module whose parameters the optimiser holds, by their names: the sharded learner
+    under torchrun, else the policy (the float32 masters where the passes run over a copy)."""
+    return run.learner if distributed.world_size() > 1 else run.policy
 
 
 def _state_dict(state: object | None) -> dict | None:
@@ -337,8 +342,7 @@ def _state_dict(state: object | None) -> dict | None:
 def restore(run: Run, checkpoint: Path) -> None:
     """Put the saved optimiser, scheduler, counters and RNG states back into a fresh `run`."""
     state, tensors = load_checkpoint(checkpoint)
-    holder = run.learner if distributed.world_size() > 1 else run.policy
-    distributed.load_optimizer_state(holder, run.optimizer, tensors["optimizer"])
+    distributed.load_optimizer_state(_optimizer_holder(run), run.optimizer, tensors["optimizer"])
     run.scheduler.load_state_dict(tensors["scheduler"])
     apply_optimizer_settings(run.optimizer, run.cfg.trainer, run.scheduler)
     if run.critic_optimizer is not None:
@@ -360,12 +364,8 @@ def restore(run: Run, checkpoint: Path) -> None:
         saved = state.get("estimator_state", state.get("sas"))
         if saved:
             run.estimator_state.load_state_dict(saved)
-    saved_world, world, rank = (
-        state.get("world_size", 1),
-        distributed.world_size(),
-        distributed.rank(),
-    )
-    if saved_world != world and distributed.is_main():
+    world, rank = distributed.world_size(), distributed.rank()
+    if (saved_world := state.get("world_size", 1)) != world and distributed.is_main():
         print(world_changed(checkpoint, saved_world, world, run.cfg.trainer.prompts_per_step))
     if (mine := rank_state(state, rank, world)) is None:  # a rank the writer did not have
         seed_everything(run.cfg.trainer.seed + rank + 100_003 * run.step)
