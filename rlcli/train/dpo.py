@@ -81,11 +81,32 @@ def sequence_logprobs(model, batch: Rollout, rows: Tensor, micro_pairs: int) -> 
     return out[rows]
 
 
+@dataclass(frozen=True)
+class DpoSettings:
+    """What a DPO run reads of the config once it starts."""
+
+    pairs_per_step: int  # trainer.prompts_per_step: pairs per optimiser step
+    micro_pairs: int  # trainer.micro_batch_size: pairs per forward pass
+    beta: float  # algo.beta, DPO's temperature
+    max_length: int  # algo.max_length: prompt and reply tokens kept
+    max_grad_norm: float  # gradient clipping (0 = off)
+    max_steps: int  # the run's length: the held-out pairs are measured after the last step
+    keep_last: int  # checkpoints kept
+    record: dict  # the config as plain data, which every checkpoint records
+
+
+def dpo_settings(cfg: Config) -> DpoSettings:
+    t = cfg.trainer
+    return DpoSettings(t.prompts_per_step, t.micro_batch_size, cfg.algo.beta,
+                       cfg.algo.max_length, t.max_grad_norm, t.max_steps, t.keep_last,
+                       config_dict(cfg))  # fmt: skip
+
+
 @dataclass
 class DpoRun:
     """Everything a DPO run holds between steps."""
 
-    cfg: Config
+    settings: DpoSettings
     model_path: str
     device: torch.device
     tokenizer: object
@@ -97,12 +118,12 @@ class DpoRun:
     step: int = 0  # optimiser steps done (more than 0 when resumed from a checkpoint)
 
 
-def reference_logprobs(model, tokenizer, pairs: list[Pair], cfg: Config, device) -> dict:
+def reference_logprobs(model, tokenizer, pairs: list[Pair], s: DpoSettings, device) -> dict:
     """Every pair's summed (chosen, rejected) log-probs under the reference, in batches."""
-    cache, n = {}, cfg.trainer.micro_batch_size
+    cache, n = {}, s.micro_pairs
     for start in range(0, len(pairs), n):
         chunk = pairs[start : start + n]
-        batch = encode_pairs(tokenizer, chunk, cfg.algo.max_length, device)
+        batch = encode_pairs(tokenizer, chunk, s.max_length, device)
         rows = torch.arange(2 * len(chunk), device=device)
         logp = sequence_logprobs(model, batch, rows, n).tolist()
         for i, pair in enumerate(chunk):
@@ -112,7 +133,7 @@ def reference_logprobs(model, tokenizer, pairs: list[Pair], cfg: Config, device)
 
 def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
     """The pairs, the policy (from `checkpoint` when resuming) and the cached reference."""
-    t = cfg.trainer
+    t, settings = cfg.trainer, dpo_settings(cfg)
     seed_everything(t.seed)
     device = pick_device(t.device)
     train_pairs, test_pairs = load_splits(cfg.data)  # data=pairs: lists of Pair
@@ -125,18 +146,18 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
     if cfg.model.lora.rank:
         policy = load_policy(cfg, model_path, device, checkpoint)
         with adapters_off(policy):
-            cache = reference_logprobs(policy, tokenizer, pairs, cfg, device)
+            cache = reference_logprobs(policy, tokenizer, pairs, settings, device)
     else:
         reference = load_causal_lm(
             model_path, t.dtype, device, trainable=False, init_kwargs=cfg.model.init_kwargs
         )
-        cache = reference_logprobs(reference, tokenizer, pairs, cfg, device)
+        cache = reference_logprobs(reference, tokenizer, pairs, settings, device)
         del reference
         gc.collect()
         policy = load_policy(cfg, model_path, device, checkpoint)
     optimizer = adamw(trainable(policy), t.lr, t.weight_decay)
     run = DpoRun(
-        cfg,
+        settings,
         model_path,
         device,
         tokenizer,
@@ -158,11 +179,12 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
 def pair_metrics(run: DpoRun, pairs: list[Pair]) -> dict[str, float]:
     """DPO's diagnostics of the current policy on `pairs` (no update): reward accuracy (share
     of pairs whose chosen reply has the higher implicit reward), margin, loss."""
-    n, beta = run.cfg.trainer.micro_batch_size, run.cfg.algo.beta
+    s = run.settings
+    n, beta = s.micro_pairs, s.beta
     losses, chosen_r, rejected_r = [], [], []
     for start in range(0, len(pairs), n):
         chunk = pairs[start : start + n]
-        batch = encode_pairs(run.tokenizer, chunk, run.cfg.algo.max_length, run.device)
+        batch = encode_pairs(run.tokenizer, chunk, s.max_length, run.device)
         logp = sequence_logprobs(run.policy, batch, torch.arange(2 * len(chunk)), n)
         ref = torch.tensor([run.reference[p.id] for p in chunk], device=run.device)
         loss, r_w, r_l = dpo_loss(
@@ -181,9 +203,9 @@ def pair_metrics(run: DpoRun, pairs: list[Pair]) -> dict[str, float]:
 
 def train_step(run: DpoRun) -> dict[str, float]:
     """One optimiser step on `prompts_per_step` pairs, in micro-batches of pairs."""
-    t, beta = run.cfg.trainer, run.cfg.algo.beta
+    s = run.settings
     start = time.perf_counter()
-    pairs = run.pairs.take(t.prompts_per_step)
+    pairs = run.pairs.take(s.pairs_per_step)
     run.optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(
         [
@@ -197,9 +219,9 @@ def train_step(run: DpoRun) -> dict[str, float]:
         ],
         0.0,
     )
-    for first in range(0, len(pairs), t.micro_batch_size):
-        chunk = pairs[first : first + t.micro_batch_size]
-        batch = encode_pairs(run.tokenizer, chunk, run.cfg.algo.max_length, run.device)
+    for first in range(0, len(pairs), s.micro_pairs):
+        chunk = pairs[first : first + s.micro_pairs]
+        batch = encode_pairs(run.tokenizer, chunk, s.max_length, run.device)
         with dropout_on(run.policy):
             logp, _ = token_logprobs(
                 run.policy, batch.input_ids, batch.attention_mask, batch.prompt_width
@@ -207,7 +229,7 @@ def train_step(run: DpoRun) -> dict[str, float]:
         seq = (logp * batch.response_mask).sum(-1)  # [2b]: chosen, then rejected
         ref = torch.tensor([run.reference[p.id] for p in chunk], device=run.device)
         n = len(chunk)
-        loss, r_w, r_l = dpo_loss(seq[:n], seq[n:], ref[:, 0], ref[:, 1], beta)
+        loss, r_w, r_l = dpo_loss(seq[:n], seq[n:], ref[:, 0], ref[:, 1], s.beta)
         (loss.sum() / len(pairs)).backward()  # the mean over the step's pairs
         values = {
             "loss/policy": loss.detach(),
@@ -220,7 +242,7 @@ def train_step(run: DpoRun) -> dict[str, float]:
         }
         for key, value in values.items():
             sums[key] += value.sum().item()
-    limit = t.max_grad_norm if t.max_grad_norm > 0 else float("inf")
+    limit = s.max_grad_norm if s.max_grad_norm > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.policy.parameters(), limit))
     finite = math.isfinite(sums["loss/policy"]) and math.isfinite(grad_norm)
     if finite:  # a NaN update would poison every weight; the loop counts the skipped ones
@@ -242,7 +264,7 @@ def before_training(run: DpoRun) -> str | None:
 
 def held_out(run: DpoRun) -> dict[str, float]:
     """The held-out pairs' metrics after the last step."""
-    if run.step != run.cfg.trainer.max_steps or not run.test_pairs:
+    if run.step != run.settings.max_steps or not run.test_pairs:
         return {}
     return pair_metrics(run, run.test_pairs)
 
@@ -252,7 +274,7 @@ def save(run: DpoRun, run_dir: Path) -> Path:
     state = {
         "data_position": run.pairs.position,
         "rng": rng_state(),
-        "config": config_dict(run.cfg),
+        "config": run.settings.record,
     }
     return save_checkpoint(
         run_dir,
@@ -261,5 +283,5 @@ def save(run: DpoRun, run_dir: Path) -> Path:
         run.tokenizer,
         {"optimizer": run.optimizer.state_dict()},
         state,
-        run.cfg.trainer.keep_last,
+        run.settings.keep_last,
     )

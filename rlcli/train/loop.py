@@ -64,8 +64,8 @@ class Trainer:
     before: Callable[[Any], str | None] = lambda run: None
     # the metric the progress bar shows
     headline: str = "reward/mean"
-    # (run, a step's metrics) -> why that step learned nothing, or None when it had a signal
-    no_signal: Callable[[Any, dict], rl_step.NoSignal | None] = lambda run, metrics: None
+    # (cfg, run, a step's metrics) -> why that step learned nothing, or None when it had a signal
+    no_signal: Callable[[Config, Any, dict], rl_step.NoSignal | None] = lambda *_: None
 
 
 def rl_evaluate(run: rl.Run, run_dir: Path) -> dict[str, float] | None:
@@ -73,15 +73,14 @@ def rl_evaluate(run: rl.Run, run_dir: Path) -> dict[str, float] | None:
     replies go to eval_samples.jsonl (the latest evaluation's, marked with its step)."""
     if not run.test_problems:
         return None
-    cfg = run.cfg
     try:
         result = evaluate(
             run.sampler,
             run.scorer,
             run.render,
             run.test_problems,
-            cfg.eval,
-            seed=cfg.trainer.seed + EVAL_SEED,
+            run.loop.eval,
+            seed=run.loop.seed + EVAL_SEED,
         )
     except UnscoredEvaluation as err:
         if distributed.is_main():  # its replies show why none could be scored
@@ -94,7 +93,7 @@ def rl_evaluate(run: rl.Run, run_dir: Path) -> dict[str, float] | None:
 
 def rl_held_out(run: rl.Run, run_dir: Path) -> dict[str, float]:
     """The held-out evaluation every `trainer.eval_every` steps and at the end."""
-    t = run.cfg.trainer
+    t = run.loop
     if not t.eval_every or (run.step % t.eval_every and run.step != t.max_steps):
         return {}
     return rl_evaluate(run, run_dir) or {}
@@ -108,8 +107,8 @@ TRAINERS: dict[str, Trainer] = {
         evaluate=rl_evaluate,
         save=rl.save,
         describe=lambda run: f"training {run.model_path} on {run.device}",
-        no_signal=lambda run, metrics: rl_step.no_signal(
-            run.cfg, metrics, group_relative="groups" in run.estimator.needs
+        no_signal=lambda cfg, run, metrics: rl_step.no_signal(
+            cfg, metrics, group_relative="groups" in run.estimator.needs
         ),
     ),
     "dpo": Trainer(
@@ -129,9 +128,9 @@ TRAINERS: dict[str, Trainer] = {
 }
 
 
-def evaluate_before_training(trainer: Trainer, run, run_dir: Path, tracker) -> None:
+def evaluate_before_training(trainer: Trainer, run, run_dir: Path, tracker, data: str) -> None:
     """trainer.val_before_train: the held-out metrics of the initial weights, logged at step 0
-    and printed; not again when an earlier start of this run logged them."""
+    and printed; not again when an earlier start of this run logged them. `data`: data.name."""
     logged = distributed.is_main() and any(row["step"] == 0 for row in read_metrics(run_dir))
     if distributed.all_max(int(logged)):  # every rank evaluates, or none
         return
@@ -142,7 +141,7 @@ def evaluate_before_training(trainer: Trainer, run, run_dir: Path, tracker) -> N
         return
     if metrics is None:
         tracker.write(
-            f"rlcli: trainer.val_before_train: data={run.cfg.data.name} has no held-out split, "
+            f"rlcli: trainer.val_before_train: data={data} has no held-out split, "
             "so nothing is evaluated before step 1 (set data.num_test or data.test_path)."
         )
         return
@@ -278,16 +277,17 @@ def _start(cfg: Config, trainer: Trainer, checkpoint: Path | None, run_dir: Path
         for line in start_warnings(cfg):
             tracker.write(line)
     if run.step == 0 and cfg.trainer.val_before_train:
-        evaluate_before_training(trainer, run, run_dir, tracker)
+        evaluate_before_training(trainer, run, run_dir, tracker, cfg.data.name)
     elif run.step == 0 and (line := trainer.before(run)):
         tracker.write(line)
     return run, tracker
 
 
-def _note_no_signal(trainer: Trainer, run, metrics: dict, unlearned: dict, tracker) -> None:
+def _note_no_signal(cfg: Config, trainer: Trainer, run, metrics: dict, unlearned: dict,
+                    tracker) -> None:  # fmt: skip
     """A warning the first time a step learns nothing for a given reason; every such step is
     counted in `unlearned`, {(what it lacked, the metric that shows it): [steps]}."""
-    if (lack := trainer.no_signal(run, metrics)) is None:
+    if (lack := trainer.no_signal(cfg, run, metrics)) is None:
         return
     if (lack.what, lack.metric) not in unlearned:  # once a run; counted at the end
         tracker.write(
@@ -355,7 +355,7 @@ def train(cfg: Config, run_dir: Path) -> Path:
             except Unscorable as err:  # the evaluation measured nothing; the step is sound
                 unscored_evaluation(err, run.step, tracker)
             tracker.log(metrics, result.samples, result.advantages)
-            _note_no_signal(trainer, run, metrics, unlearned, tracker)
+            _note_no_signal(cfg, trainer, run, metrics, unlearned, tracker)
             guard.observe(run.step, metrics)
             if lost is not None:
                 raise worker_lost(lost, run, trainer, tracker, run_dir) from None

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rlcli.collect.collector import Collector, Shaping
-from rlcli.config import Config, config_dict
+from rlcli.config import Config, TrainerConfig
 from rlcli.data import load_splits
 from rlcli.data.files import read_texts
 from rlcli.data.problems import Problem, PromptRenderer, PromptStream, fit_prompts, prompt_renderer
@@ -56,14 +56,14 @@ from rlcli.train.forward import TokenLogprobModel
 from rlcli.train.objective_config import objective_from_config
 from rlcli.train.pieces_chosen import advantage_piece
 from rlcli.train.schedule import lr_schedule
-from rlcli.train.step_settings import StepSettings, step_settings
+from rlcli.train.step_settings import RunSettings, StepSettings, run_settings, step_settings
 
 
 @dataclass
 class Run:
-    """Everything a training run holds between steps."""
+    """Everything a training run holds between steps; the settings it reads are picked from the
+    config once (`settings`, `loop`), and the config itself stays with the loop."""
 
-    cfg: Config
     model_path: str
     device: torch.device
     compute_dtype: str  # what the learner multiplies in (`compute_dtype`)
@@ -81,6 +81,7 @@ class Run:
     scorer: Scorer
     objective: Objective
     settings: StepSettings  # what a step reads of the config, picked once
+    loop: RunSettings  # what the loop, evaluation and saving read of it
     estimator: Piece  # algo.advantage's, resolved once
     advantage_settings: dict  # its settings given in algo.advantage_settings
     optimizer: torch.optim.Optimizer
@@ -232,21 +233,21 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     scheduler = lr_schedule(optimizer, t)
     prompts, rng = PromptStream(train_set, t.seed), random.Random(t.seed)
     run = Run(
-        cfg=cfg, model_path=model_path, device=device, compute_dtype=compute,
+        model_path=model_path, device=device, compute_dtype=compute,
         learner_autocast=learner_autocast, tokenizer=tokenizer, policy=policy,
         learner=learner, reference=reference, critic=critic,
         critic_optimizer=critic_optimizer, sampler=sampler, scorer=scorer, render=render,
         collector=_collector(cfg, sampler, scorer, render, prompts, estimator.needs, rng),
         objective=objective_from_config(algo, objective_sampler(cfg.sampler, t),
                                         norm_len=algo.norm_len or budget),
-        settings=step_settings(t, algo, cfg.sampler),
+        settings=step_settings(t, algo, cfg.sampler), loop=run_settings(cfg),
         estimator=estimator, advantage_settings=dict(algo.advantage_settings),
         optimizer=optimizer, scheduler=scheduler, prompts=prompts,
         test_problems=test_set, estimator_state=estimator.state() if estimator.state else None,
         beta=algo.beta, ptx_texts=ptx_texts, rng=rng,
     )  # fmt: skip
     if checkpoint is not None:
-        restore(run, checkpoint)
+        restore(run, checkpoint, t, algo.beta)
     return run
 
 
@@ -317,7 +318,7 @@ def run_state(run: Run) -> tuple[dict, dict]:
         **ranks[0],  # rank 0's also where checkpoints before per-rank states kept them
         "ranks": ranks,
         "world_size": distributed.world_size(),
-        "config": config_dict(run.cfg),  # what a resume compares its command with
+        "config": run.loop.record,  # what a resume compares its command with
     }
     # The optimiser's state whole and by parameter name, so that any number of ranks resumes.
     tensors = {
@@ -339,19 +340,20 @@ def _state_dict(state: object | None) -> dict | None:
     return None if state is None else state.state_dict()
 
 
-def restore(run: Run, checkpoint: Path) -> None:
-    """Put the saved optimiser, scheduler, counters and RNG states back into a fresh `run`."""
+def restore(run: Run, checkpoint: Path, t: TrainerConfig, beta: float) -> None:
+    """Put the saved optimiser, scheduler, counters and RNG states back into a fresh `run`
+    made for this command, whose trainer section is `t` and KL coefficient `beta`."""
     state, tensors = load_checkpoint(checkpoint)
     distributed.load_optimizer_state(_optimizer_holder(run), run.optimizer, tensors["optimizer"])
     run.scheduler.load_state_dict(tensors["scheduler"])
-    apply_optimizer_settings(run.optimizer, run.cfg.trainer, run.scheduler)
+    apply_optimizer_settings(run.optimizer, t, run.scheduler)
     if run.critic_optimizer is not None:
         run.critic_optimizer.load_state_dict(tensors["critic_optimizer"])
     run.step, run.beta = state["step"], state["beta"]
     # β set anew on the command line replaces the saved one (which the KL controller may have
     # moved); `run_dir.check_resume` has said so.
-    if state.get("config", {}).get("algo", {}).get("beta", run.cfg.algo.beta) != run.cfg.algo.beta:
-        run.beta = run.cfg.algo.beta
+    if state.get("config", {}).get("algo", {}).get("beta", beta) != beta:
+        run.beta = beta
     run.prompts.position = state["data_position"]
     if (ahead := state.get("rounds_ahead_discarded", 0)) and distributed.is_main():
         print(
@@ -366,9 +368,9 @@ def restore(run: Run, checkpoint: Path) -> None:
             run.estimator_state.load_state_dict(saved)
     world, rank = distributed.world_size(), distributed.rank()
     if (saved_world := state.get("world_size", 1)) != world and distributed.is_main():
-        print(world_changed(checkpoint, saved_world, world, run.cfg.trainer.prompts_per_step))
+        print(world_changed(checkpoint, saved_world, world, t.prompts_per_step))
     if (mine := rank_state(state, rank, world)) is None:  # a rank the writer did not have
-        seed_everything(run.cfg.trainer.seed + rank + 100_003 * run.step)
+        seed_everything(t.seed + rank + 100_003 * run.step)
         return
     set_python_rng_state(run.rng, mine["run_rng"])
     run.sampler.load_state_dict(mine["sampler"])
@@ -390,7 +392,7 @@ def save(run: Run, run_dir: Path) -> Path:
             run.tokenizer,
             tensors,
             state,
-            run.cfg.trainer.keep_last,
+            run.loop.keep_last,
             extra,
             weights,
         )

@@ -1,11 +1,12 @@
-"""What one RL step reads of the config, picked once when the run starts (`step_settings`):
-the step's stages are handed these values, not the whole config."""
+"""What an RL run reads of the config after it starts, picked once as it starts: the step's
+stages are handed `StepSettings` (`step_settings`), the loop, evaluation and saving
+`RunSettings` (`run_settings`), not the whole config."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlcli.config import AlgoConfig, SamplerConfig, TrainerConfig
+from rlcli.config import AlgoConfig, Config, EvalConfig, SamplerConfig, TrainerConfig, config_dict
 from rlcli.train.learner import UpdatePlan
 
 
@@ -52,3 +53,22 @@ def step_settings(t: TrainerConfig, algo: AlgoConfig, sampler: SamplerConfig) ->
         kl_target=algo.kl_target,
         kl_horizon=algo.kl_horizon,
     )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the loop reads of the config between steps, besides the step's own."""
+
+    seed: int  # the run's: evaluations sample from it (`held_out.EVAL_SEED` above it)
+    max_steps: int  # the run's length: the last step is evaluated
+    eval_every: int  # steps between held-out evaluations (0 = none)
+    eval: EvalConfig  # how an evaluation samples and scores
+    keep_last: int  # checkpoints kept
+    # The config as plain data: every checkpoint records it, and a resume compares its own
+    # command with it (`lifecycle.run_dir.check_resume`).
+    record: dict
+
+
+def run_settings(cfg: Config) -> RunSettings:
+    t = cfg.trainer
+    return RunSettings(t.seed, t.max_steps, t.eval_every, cfg.eval, t.keep_last, config_dict(cfg))

@@ -90,10 +90,11 @@ def test_evaluation_is_greedy_and_leaves_the_training_samples_alone():
     collected = plain.collector.next_batch()
     expected = collected.rollout
 
-    run = setup(compose([*overrides, "trainer.prompts_per_step=2", "eval.k=2"]))
-    _, test = load_splits(run.cfg.data)
-    first = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, seed=1)
-    again = evaluate(run.sampler, run.scorer, run.render, test[:4], run.cfg.eval, seed=1)
+    cfg = compose([*overrides, "trainer.prompts_per_step=2", "eval.k=2"])
+    run = setup(cfg)
+    _, test = load_splits(cfg.data)
+    first = evaluate(run.sampler, run.scorer, run.render, test[:4], cfg.eval, seed=1)
+    again = evaluate(run.sampler, run.scorer, run.render, test[:4], cfg.eval, seed=1)
     assert first == again  # the same seed: greedy and sampled replies repeat
     collected = run.collector.next_batch()
     batch = collected.rollout

@@ -130,13 +130,14 @@ def test_cpu_twin_keeps_its_papers_algorithm_and_reward(twin):
 # (The calculator demo trains in test_env.py's SmolLM2 run.)
 @pytest.mark.parametrize("twin", TWINS, ids=names(TWINS))
 def test_cpu_twin_trains_one_step_with_finite_metrics(twin):
-    run = setup(compose([f"recipe={twin.name}"]))
+    cfg = compose([f"recipe={twin.name}"])
+    run = setup(cfg)
     metrics = train_step(run)
     numbers = {k: v for k, v in metrics.items() if not k.startswith("_")}
     assert {"loss/policy", "actor/grad_norm", "reward/mean"} <= numbers.keys()
     assert all(math.isfinite(v) for v in numbers.values()), numbers
     assert numbers["response/length_mean"] > 0
-    if run.cfg.algo.ptx_coef > 0:
+    if cfg.algo.ptx_coef > 0:
         assert numbers["ptx/loss"] > 0  # the shipped pretraining text was read and used
     del run
     gc.collect()

@@ -293,7 +293,7 @@ def test_training_on_process_rewards_gives_token_level_advantages(model_dirs):
     mask = batch.response_mask
     inputs = AdvantageInputs(
         scores=scores, kl_penalty=torch.zeros(mask.shape), mask=mask,
-        group_size=run.cfg.trainer.group_size, prompt_ids=batch.prompt_ids,
+        group_size=run.settings.group_size, prompt_ids=batch.prompt_ids,
         step_rewards=batch.estimator_inputs["step_rewards"],
     )  # fmt: skip
     advantages, _ = ADVANTAGES["grpo_process"](inputs)

@@ -71,8 +71,9 @@ IN_THE_SUITE = {"grpo"}
     [a if a in IN_THE_SUITE else pytest.param(a, marks=pytest.mark.slow) for a in ALGOS],
 )
 def test_algo_raises_mean_reward(algo):
-    run = setup(compose([f"algo={algo}", *TINY_ANY_ALGO, *EXTRA.get(algo, [])]))
-    assert run.cfg.algo.name == algo
+    cfg = compose([f"algo={algo}", *TINY_ANY_ALGO, *EXTRA.get(algo, [])])
+    assert cfg.algo.name == algo
+    run = setup(cfg)
     steps = [train_step(run) for _ in range(STEPS.get(algo, 25))]
     rewards = [m["reward/mean"] for m in steps]
     assert mean(rewards[-5:]) > mean(rewards[:5]) + 0.3, rewards

@@ -90,7 +90,7 @@ def tiny_dpo():
 def test_the_reference_cache_holds_the_initial_policys_log_probs(tiny_dpo):
     run = tiny_dpo
     pairs = run.pairs.problems[:4]
-    batch = encode_pairs(run.tokenizer, pairs, run.cfg.algo.max_length, run.device)
+    batch = encode_pairs(run.tokenizer, pairs, run.settings.max_length, run.device)
     # Rows: the replies ended by EOS after their chat-rendered prompts, chosen then rejected.
     reply = batch.input_ids[0, batch.prompt_width :][batch.response_mask[0].bool()]
     assert run.tokenizer.decode(reply) == pairs[0].chosen + run.tokenizer.eos_token

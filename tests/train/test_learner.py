@@ -18,8 +18,13 @@ from rlcli.validate import compose
 
 
 @pytest.fixture(scope="module")
-def run():
-    return setup(compose(["model=tiny", "trainer.prompts_per_step=3", "trainer.group_size=4"]))
+def cfg():
+    return compose(["model=tiny", "trainer.prompts_per_step=3", "trainer.group_size=4"])
+
+
+@pytest.fixture(scope="module")
+def run(cfg):
+    return setup(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +61,7 @@ def test_left_padding_does_not_change_logprobs(run, batch):
     ("aggregation", "per_token"),
     [(a, False) for a in sorted(AGGREGATIONS)] + [("token_mean", True)],
 )
-def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation, per_token):
+def test_micro_batches_give_the_big_batch_gradient(cfg, run, batch, aggregation, per_token):
     torch.manual_seed(0)
     if per_token:
         # Per-token advantages (PPO's GAE) span the batch's longest response; a micro-batch of
@@ -68,9 +73,9 @@ def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation, per_
     else:
         advantages = torch.randn(len(batch.texts))
     ref_logp = batch_logprobs(run.policy, batch, 12) + 0.1 * torch.randn(batch.response_mask.shape)
-    algo = copy.deepcopy(run.cfg.algo)
+    algo = copy.deepcopy(cfg.algo)
     algo.aggregation, algo.beta = aggregation, 0.1
-    objective = objective_from_config(algo, run.cfg.sampler, norm_len=16)
+    objective = objective_from_config(algo, cfg.sampler, norm_len=16)
     train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, None, ref_logp)
     grads = []
     for micro in (12, 5, 1):
@@ -89,7 +94,7 @@ def test_micro_batches_give_the_big_batch_gradient(run, batch, aggregation, per_
         assert torch.allclose(other_grad, grad, rtol=1e-4, atol=1e-7)
 
 
-def test_dr_grpo_weighs_a_response_the_same_when_another_is_masked_out(run, batch):
+def test_dr_grpo_weighs_a_response_the_same_when_another_is_masked_out(cfg, run, batch):
     # Dr.GRPO's denominator counts every sampled response: masking one out (failed reward,
     # overlong filter) must give the same gradient as keeping it with zero advantage. Dividing
     # by the responses left instead would scale every other response's weight by 12/11.
@@ -97,9 +102,9 @@ def test_dr_grpo_weighs_a_response_the_same_when_another_is_masked_out(run, batc
     advantages[3] = 0.0
     masked = batch.response_mask.clone()
     masked[3] = 0
-    algo = copy.deepcopy(run.cfg.algo)
+    algo = copy.deepcopy(cfg.algo)
     algo.aggregation, algo.beta = "seq_mean_token_sum_norm", 0.0
-    objective = objective_from_config(algo, run.cfg.sampler, norm_len=16)
+    objective = objective_from_config(algo, cfg.sampler, norm_len=16)
     grads = []
     for mask in (batch.response_mask, masked):
         rollout = dataclasses.replace(batch, response_mask=mask)
@@ -113,7 +118,7 @@ def test_dr_grpo_weighs_a_response_the_same_when_another_is_masked_out(run, batc
     assert torch.allclose(grads[1], grads[0], rtol=1e-4, atol=1e-8)
 
 
-def test_fast_path_gives_the_plain_paths_loss_and_gradients(run, batch, monkeypatch):
+def test_fast_path_gives_the_plain_paths_loss_and_gradients(cfg, run, batch, monkeypatch):
     # The learner's fast path (issue 22): eager attention, gradient checkpointing, the head's
     # hand-written backward and the whole batch in one pass, against PyTorch's sdpa attention,
     # no checkpointing, the head through plain autograd over full logits and passes of 5 rows:
@@ -133,9 +138,9 @@ def test_fast_path_gives_the_plain_paths_loss_and_gradients(run, batch, monkeypa
     torch.manual_seed(0)
     advantages = torch.randn(len(batch.texts))
     ref_logp = batch_logprobs(run.policy, batch, 12) + 0.1 * torch.randn(batch.response_mask.shape)
-    algo = copy.deepcopy(run.cfg.algo)
+    algo = copy.deepcopy(cfg.algo)
     algo.beta, algo.entropy_coef = 0.1, 0.01
-    sampler = dataclasses.replace(run.cfg.sampler, temperature=0.8)
+    sampler = dataclasses.replace(cfg.sampler, temperature=0.8)
     objective = objective_from_config(algo, sampler, norm_len=16)
     train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, None, ref_logp)
     results = []
@@ -187,7 +192,7 @@ def test_fused_adamw_makes_the_multi_tensor_kernels_updates(run):
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_shared_prompts_give_the_padded_layouts_logprobs_and_gradients(run, batch, attention):
+def test_shared_prompts_give_the_padded_layouts_logprobs_and_gradients(cfg, run, batch, attention):
     # A group's prompt read once, its responses after it under a mask that hides siblings
     # from each other (train.passes), against one padded row per response: the same
     # log-probs, loss and gradients in float32, with prompts of three lengths, responses cut
@@ -199,9 +204,9 @@ def test_shared_prompts_give_the_padded_layouts_logprobs_and_gradients(run, batc
     batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
     torch.manual_seed(0)
     advantages = torch.randn(len(batch.texts))
-    algo = copy.deepcopy(run.cfg.algo)
+    algo = copy.deepcopy(cfg.algo)
     algo.beta, algo.entropy_coef = 0.0, 0.01
-    objective = objective_from_config(algo, run.cfg.sampler, norm_len=16)
+    objective = objective_from_config(algo, cfg.sampler, norm_len=16)
     train_batch = TrainBatch(batch, torch.zeros(len(batch.texts)), advantages, None, None)
     policy = load_causal_lm(run.model_path, "float32", torch.device("cpu"))
     policy.set_attn_implementation(attention)
