@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ import requests
 from rlcli.config import Config, ConfigError
 from rlcli.launch.hosts import STDERR, ProcessHost
 from rlcli.launch.placement import roles, shortfall
-from rlcli.lifecycle.guard import EXIT_CODES, resume_command
+from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped, resume_command
 
 # What the ranks and workers are told on top of the command's own overrides.
 LAUNCHER_KEYS = ("launcher", "launcher.", "hydra.run.dir=")
@@ -52,10 +53,32 @@ def _ray():
     return ray
 
 
+def _unreachable(address: str | None) -> str | None:
+    """Why the head at HOST:PORT (`address`, else RAY_ADDRESS) does not answer, or None: Ray
+    itself retries for minutes, writing a line every few seconds, before it gives up."""
+    given = address or os.environ.get("RAY_ADDRESS")
+    if not given or given in ("auto", "local") or "://" in given:
+        return None  # a new cluster, the one on this node (Ray says so at once), Ray Client
+    host, _, port = given.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=10):
+            return None
+    except ValueError:
+        return f"{given!r} is not HOST:PORT"
+    except OSError as err:
+        return f"nothing answers at {given} ({err.strerror or err})"
+
+
 def join(address: str | None):
     """Connect to the cluster at `address` (launcher.address), or start one here; Ray's own
     log lines are kept off the console."""
     ray = _ray()
+    if (why := _unreachable(address)) is not None:
+        raise ConfigError(
+            f"launcher.address={address}: no Ray cluster could be joined: {why}. Start one "
+            "(`ray start --head` on the head node) and give its HOST:PORT, auto (the one on "
+            "this node), or null to start one on this machine."
+        )
     try:
         ray.init(
             address=address,
@@ -170,16 +193,18 @@ def _start_workers(ray, workers, cfg: Config, run_dir: Path, passed: list[str]) 
         while not _answers(url):
             log = run_dir / "launch" / f"worker_{j}.log"
             if (code := ray.get(worker.poll.remote())) is not None:
-                raise ConfigError(
-                    f"rollout worker {j} ({url}) exited with code {code} while starting; the "
-                    f"end of {log} says why."
-                )
-            if time.monotonic() > deadline:
-                raise ConfigError(
-                    f"rollout worker {j} ({url}) did not answer within "
-                    f"sampler.worker_timeout_s={cfg.sampler.worker_timeout_s:g} s; see {log}."
-                )
-            time.sleep(1)
+                why = f"exited with code {code} while starting; the end of {log} says why"
+            elif time.monotonic() > deadline:
+                limit = cfg.sampler.worker_timeout_s
+                why = f"did not answer within sampler.worker_timeout_s={limit:g} s; see {log}"
+            else:
+                time.sleep(1)
+                continue
+            raise RunStopped(
+                f"rollout worker {j} ({url}) {why} (out of memory is the usual cause). Nothing "
+                f"was trained; once it can start, run again with:\n  {resume_command(run_dir)}",
+                EXIT_WORKER_LOST,
+            )
     return urls
 
 

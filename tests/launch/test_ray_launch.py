@@ -113,3 +113,14 @@ def test_a_node_lost_ends_the_run_with_the_resume_command(cluster, tmp_path):
     assert "Traceback" not in err
     assert sorted((tmp_path / "checkpoints").glob("step_*"))  # the steps saved before it
     assert left_on(cluster) == ([], [])
+
+
+def test_an_unreachable_head_is_named_at_once(tmp_path):
+    # Nothing listens on port 9 here (discard); Ray itself would retry for minutes.
+    argv = [sys.executable, "-m", "rlcli", "train", "launcher=ray", "launcher.address=127.0.0.1:9",
+            f"hydra.run.dir={tmp_path}", *tiny()]  # fmt: skip
+    began = time.monotonic()
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "launcher.address=127.0.0.1:9: no Ray cluster could be joined" in run.stderr
+    assert "Traceback" not in run.stderr and time.monotonic() - began < 60
