@@ -35,8 +35,11 @@ from rlcli.launch.hosts import STDERR, ProcessHost
 from rlcli.launch.placement import roles, shortfall
 from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped, resume_command
 
-# What the ranks and workers are told on top of the command's own overrides.
-LAUNCHER_KEYS = ("launcher", "launcher.", "hydra.run.dir=")
+# The command's overrides a rank or worker is not given: the launcher's own, and those the
+# launcher sets for it (a key given twice is an error to Hydra).
+LAUNCHER_KEYS = ("launcher=", "launcher.", "hydra.run.dir=")
+SET_FOR_RANKS = ("sampler.workers=", "sampler.urls=", "sampler.transfer_address=")
+SET_FOR_WORKERS = ("sampler.serve_port=",)
 # Set in a rank's environment: the launcher holds the run directory's lock for the ranks
 # (`lifecycle.run_dir.claim`), and a rank's messages name the launcher's resume command.
 HELD, RESUME = "RLCLI_RUN_DIR_HELD", "RLCLI_RESUME_COMMAND"
@@ -104,9 +107,10 @@ def _on_gpu(device: str, cluster: dict) -> bool:
     return device.startswith("cuda") or (device == "auto" and cluster.get("GPU", 0) > 0)
 
 
-def _passed_on(overrides: list[str]) -> list[str]:
-    """The command's overrides a rank or worker is also given (not the launcher's own)."""
-    return [o for o in overrides if not o.lstrip("+~").startswith(LAUNCHER_KEYS)]
+def _passed_on(overrides: list[str], set_here: tuple[str, ...] = ()) -> list[str]:
+    """The command's overrides a rank or worker is also given: not the launcher's own, nor
+    those in `set_here`, which the launcher sets for it."""
+    return [o for o in overrides if not o.lstrip("+~").startswith((*LAUNCHER_KEYS, *set_here))]
 
 
 def launch(cfg: Config, run_dir: Path, overrides: list[str]) -> None:
@@ -128,10 +132,10 @@ def launch(cfg: Config, run_dir: Path, overrides: list[str]) -> None:
         group, hosts = _place(ray, [b for role in placed for b in role.bundles()])
         n = cfg.launcher.learner_ranks
         ranks, workers = hosts[:n], hosts[n:]
-        passed = _passed_on(overrides)
         _where(ray, ranks, workers, run_dir)
-        urls = _start_workers(ray, workers, cfg, run_dir, passed)
-        _start_ranks(ray, ranks, cfg, run_dir, passed, urls, on_gpu)
+        urls = _start_workers(ray, workers, cfg, run_dir, _passed_on(overrides, SET_FOR_WORKERS))
+        given = _passed_on(overrides, SET_FOR_RANKS if urls else ())
+        _start_ranks(ray, ranks, cfg, run_dir, given, urls, on_gpu)
         code = _watch(ray, ranks, cfg.launcher.stop_grace_s, run_dir)
     finally:
         _clear(ray, hosts, group)

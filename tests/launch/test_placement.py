@@ -59,3 +59,15 @@ def test_launcher_ray_is_not_run_under_torchrun():
     cfg = compose(["launcher=ray"])
     with pytest.raises(ConfigError, match="not under torchrun"):
         check_launcher(cfg.launcher, under_torchrun=True)
+
+
+def test_a_rank_is_given_the_commands_overrides_less_the_launchers():
+    from rlcli.launch.ray_run import SET_FOR_RANKS, _passed_on
+
+    command = ["launcher=ray", "launcher.learner_ranks=4", "hydra.run.dir=/runs/a", "algo=dapo",
+               "sampler.workers=2", "+sampler.urls=[http://x:1]", "trainer.lr=1e-6"]  # fmt: skip
+    assert _passed_on(command) == [
+        "algo=dapo", "sampler.workers=2", "+sampler.urls=[http://x:1]", "trainer.lr=1e-6"
+    ]  # fmt: skip
+    # With workers of its own placing, the launcher names them to the ranks itself.
+    assert _passed_on(command, SET_FOR_RANKS) == ["algo=dapo", "trainer.lr=1e-6"]
