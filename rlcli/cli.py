@@ -137,6 +137,13 @@ def _job(raw, work) -> None:
 
 
 def _train(cfg, run_dir: Path) -> None:
+    if cfg.launcher.name == "ray":  # this process places the run's processes on the cluster
+        from hydra.core.hydra_config import HydraConfig
+
+        from rlcli.launch.ray_run import launch
+
+        launch(cfg, run_dir, list(HydraConfig.get().overrides.task))
+        return
     from rlcli.train.loop import train  # RL or DPO, as algo.objective says
 
     train(cfg, run_dir)

@@ -49,6 +49,7 @@ def _choices() -> dict[str, list[str]]:
         "trainer.attention": ["auto", "eager", "sdpa", "flex_attention"],
         "model.gradient_checkpointing": ["auto", "true", "false", "selective"],
         "trainer.compile": ["auto", "true", "false"],
+        "launcher.name": ["local", "ray"],
     }
 
 
@@ -88,6 +89,7 @@ def _check_ranges(cfg: Config) -> None:
     from rlcli.config.checks import check_algo, check_eval, check_filter
     from rlcli.data import check_data
     from rlcli.data.pairs import check_pairs
+    from rlcli.launch.placement import check_launcher
     from rlcli.rewards.components import component_names
     from rlcli.rollout.backends import check_sampler
     from rlcli.runtime.models import check_model
@@ -119,6 +121,7 @@ def _check_ranges(cfg: Config) -> None:
     check_eval(cfg.eval)
     check_backends(cfg.logger)
     check_filter(cfg.filter)
+    check_launcher(cfg.launcher, under_torchrun=int(os.environ.get("WORLD_SIZE", "1")) > 1)
     _check_reward(cfg)
 
 

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("tracking", ["rlcli.tracking"]),
     ("lifecycle", ["rlcli.lifecycle"]),
     ("train", ["rlcli.train"]),
+    ("launch", ["rlcli.launch"]),
     ("validation", ["rlcli.validate"]),
     ("commands", ["rlcli.commands"]),
     ("entry", ["rlcli.cli", "rlcli.__main__", "rlcli"]),

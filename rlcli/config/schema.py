@@ -246,6 +246,16 @@ class LoggerConfig:
 
 
 @dataclass
+class LauncherConfig:
+    name: str = MISSING
+    address: str | None = MISSING
+    learner_ranks: int = MISSING
+    cpus_per_rank: float = MISSING
+    cpus_per_worker: float = MISSING
+    stop_grace_s: float = MISSING
+
+
+@dataclass
 class EvalConfig:
     k: int = MISSING
     temperature: float = MISSING
@@ -268,6 +278,7 @@ class Config:
     filter: FilterConfig = field(default_factory=FilterConfig)
     pairs: PairsConfig = field(default_factory=PairsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
 
 def config_dict(cfg: Config) -> dict:

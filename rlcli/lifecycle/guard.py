@@ -9,6 +9,7 @@ stops at once; the last checkpoint written is then the one to resume from.
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import signal
 import sys
@@ -78,7 +79,10 @@ class RunStopped(Exception):
 
 
 def resume_command(run_dir: Path) -> str:
-    """The command that continues this run: the same overrides, the same run directory."""
+    """The command that continues this run: the same overrides, the same run directory. A
+    rank that `launcher=ray` started names the launcher's command, which it was given."""
+    if given := os.environ.get("RLCLI_RESUME_COMMAND"):
+        return given
     try:
         from hydra.core.hydra_config import HydraConfig
 

@@ -176,9 +176,10 @@ def claim(run_dir: Path, command: str = "rlcli", hydra_files: tuple[str, ...] = 
     naming the holder's PID when another process has it). The kernel drops the lock when the
     process ends, however it ends, so a killed run never blocks the next. `command` is what the
     lock file tells a second run; `hydra_files` are what Hydra itself wrote in the directory
-    before the job started. Re-entrant within one process."""
+    before the job started. Re-entrant within one process; a rank that `launcher=ray` started
+    (RLCLI_RUN_DIR_HELD set) takes no lock, since its launcher holds it for every rank."""
     run_dir = Path(run_dir).resolve()
-    if run_dir in _held:
+    if run_dir in _held or os.environ.get("RLCLI_RUN_DIR_HELD"):
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)

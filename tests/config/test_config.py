@@ -36,7 +36,8 @@ def test_defaults_live_in_the_yaml_alone():
             bases += 1
             values = safe_load(base.read_text())
             assert set(values) == {f.name for f in dataclasses.fields(schema)}, base
-    assert bases == 7  # algo, reward, sampler, model, env, data, logger; the rest: config.yaml
+    assert bases == 8  # algo, reward, sampler, model, env, data, logger, launcher; the rest:
+    # config.yaml
 
 
 @pytest.mark.parametrize(("group", "choice"), list(group_choices()))
