@@ -71,3 +71,25 @@ def test_a_rank_is_given_the_commands_overrides_less_the_launchers():
     ]  # fmt: skip
     # With workers of its own placing, the launcher names them to the ranks itself.
     assert _passed_on(command, SET_FOR_RANKS) == ["algo=dapo", "trainer.lr=1e-6"]
+
+
+def test_a_run_on_this_machine_does_not_import_ray():
+    # rlcli's own code path (transformers' sampler here: vLLM 0.32 imports Ray itself at its
+    # engine's start wherever Ray is installed, in vllm/v1/engine/utils.py).
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = (
+        "import sys\n"
+        "from rlcli.validate import compose\n"
+        "from rlcli.train.run import setup\n"
+        "from rlcli.train.step import train_step\n"
+        "train_step(setup(compose(['model=tiny', 'sampler=hf', 'logger.progress=false'])))\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"
