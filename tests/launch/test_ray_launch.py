@@ -1,59 +1,26 @@
 """`rlcli train launcher=ray` on a real Ray cluster of two nodes on this machine (two raylets
 with resources of their own, `ray.cluster_utils.Cluster`): a run, and how each way of
 stopping ends. The learner's ranks are gloo processes on the tiny model with transformers'
-sampler (the run with a vLLM rollout worker is in test_ray_workers.py, `pytest -m slow`)."""
+sampler (the runs with a vLLM rollout worker are in test_ray_workers.py, `pytest -m slow`)."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
 
 from tests.conftest import REPO, tiny
+from tests.launch.clusters import left_on, rows, start, two_nodes
 
 
 @pytest.fixture
 def cluster():
     """Two nodes of one CPU each, so that two ranks of one CPU land one on each."""
-    made = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    made.add_node(num_cpus=1)
-    made.wait_for_nodes()
+    made = two_nodes()
     yield made
     made.shutdown()
-
-
-def start(cluster, run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """`rlcli train launcher=ray` joining `cluster`, as a user types it."""
-    argv = [sys.executable, "-m", "rlcli", "train", "launcher=ray", f"hydra.run.dir={run_dir}",
-            *tiny("trainer.prompts_per_step=2", *overrides)]  # fmt: skip
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "RAY_ADDRESS": cluster.address, "PYTHONPATH": path}
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
-def left_on(cluster) -> tuple[list, list]:
-    """The run's actors still alive and its placement groups not removed."""
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
-        from ray._private.state import state
-
-        actors = [a for a in state.actor_table(None).values() if a["State"] != "DEAD"]
-        groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
-        return actors, groups
-    finally:
-        ray.shutdown()
-
-
-def rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_two_ranks_on_two_nodes_train_and_leave_nothing_behind(cluster, tmp_path):

@@ -1,18 +1,21 @@
-"""`launcher=ray` with a vLLM rollout worker: two gloo learner ranks on one node of a local
-two-node Ray cluster and the worker on the other, streamed (`sampler.max_staleness=1`),
-against the same run under torchrun on one machine. Slow (several minutes on 2 cores): run
-with `pytest -m slow`."""
+"""`launcher=ray` with a vLLM rollout worker on the other node of a local two-node Ray cluster:
+two gloo learner ranks streamed from it (`sampler.max_staleness=1`) against the same run under
+torchrun on one machine, and the worker killed mid-run. Slow (minutes on 2 cores): run with
+`pytest -m slow`."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from ray.cluster_utils import Cluster
 
 from rlcli.tracking.metrics import read_metrics
 from tests.conftest import REPO
+from tests.launch.clusters import left_on, rows, start, two_nodes
 
 RUN = ["model=tiny", "reward=space_rate", "algo=grpo", "sampler.workers=1",
        "sampler.max_staleness=1", "trainer.max_steps=4", "trainer.lr=5e-2",
@@ -66,3 +69,25 @@ def test_two_ranks_and_a_worker_on_two_nodes_train_as_under_torchrun(tmp_path):
     assert all(rows[0]["rollout/logp_abs_diff"] < 1e-2 for rows in runs), runs
     assert abs(ray_rows[0]["reward/mean"] - local_rows[0]["reward/mean"]) < 0.02
     assert abs(mean(ray_rows, "reward/mean") - mean(local_rows, "reward/mean")) < 0.05
+
+
+@pytest.mark.slow
+def test_a_rollout_worker_killed_ends_the_run_with_its_step_saved(tmp_path):
+    cluster = two_nodes(head_cpus=1, other_cpus=1)  # the rank on one node, the worker on the other
+    try:
+        run = start(cluster, tmp_path, "sampler=vllm", "sampler.workers=1",
+                    "trainer.max_steps=200")  # fmt: skip
+        while len(rows(tmp_path)) < 2:
+            assert run.poll() is None, run.communicate()
+            time.sleep(0.5)
+        worker = f"hydra.run.dir={tmp_path / 'launch' / 'worker_0'}"
+        pids = subprocess.run(["pgrep", "-f", worker], capture_output=True, text=True).stdout
+        os.killpg(int(pids.split()[0]), signal.SIGKILL)  # the server and its engine
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 4, err  # a lost worker's exit code, as on one machine
+        assert "rollout worker" in err and "trainer.resume=auto" in err and "launcher=ray" in err
+        assert "Traceback" not in err
+        assert sorted((tmp_path / "checkpoints").glob("step_*"))  # the last step saved
+        assert left_on(cluster) == ([], [])
+    finally:
+        cluster.shutdown()
