@@ -54,19 +54,19 @@ def test_two_ranks_and_a_worker_on_two_nodes_train_as_under_torchrun(tmp_path):
     )  # fmt: skip
     assert local.returncode == 0, local.stderr[-3000:]
     runs = [read_metrics(tmp_path / "ray"), read_metrics(tmp_path / "local")]
-    for rows in runs:
-        assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for metrics in runs:
+        assert [r["step"] for r in metrics] == [1, 2, 3, 4]
         # Streaming's bound holds: step 1 fresh, later steps at most one update behind.
-        assert rows[0]["rollout/staleness_max"] == 0
-        assert all(r["rollout/staleness_max"] <= 1 for r in rows)
-        assert rows[-1]["loss/kl"] > 1e-3  # the policy moved, and the worker followed it
+        assert metrics[0]["rollout/staleness_max"] == 0
+        assert all(r["rollout/staleness_max"] <= 1 for r in metrics)
+        assert metrics[-1]["loss/kl"] > 1e-3  # the policy moved, and the worker followed it
     # A worker's samples are not seeded, and which tokens of a later step came from which
     # weights depends on timing (how far the learner-sampler gap grows with stale tokens varied
     # from 0.18 to 0.85 between runs), so the two agree as streaming allows, not exactly: step
     # 1, sampled fresh from the initial weights, has the engine's log-probs within 1e-2 of the
     # learner's in both and rewards within 0.02; over the 4 steps the rewards are within 0.05.
     ray_rows, local_rows = runs
-    assert all(rows[0]["rollout/logp_abs_diff"] < 1e-2 for rows in runs), runs
+    assert all(m[0]["rollout/logp_abs_diff"] < 1e-2 for m in runs), runs
     assert abs(ray_rows[0]["reward/mean"] - local_rows[0]["reward/mean"]) < 0.02
     assert abs(mean(ray_rows, "reward/mean") - mean(local_rows, "reward/mean")) < 0.05
 
