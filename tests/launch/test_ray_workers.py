@@ -5,6 +5,7 @@ torchrun on one machine, and the worker killed mid-run. Slow (minutes on 2 cores
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,9 +81,12 @@ def test_a_rollout_worker_killed_ends_the_run_with_its_step_saved(tmp_path):
         while len(rows(tmp_path)) < 2:
             assert run.poll() is None, run.communicate()
             time.sleep(0.5)
-        worker = f"hydra.run.dir={tmp_path / 'launch' / 'worker_0'}"
-        pids = subprocess.run(["pgrep", "-f", worker], capture_output=True, text=True).stdout
-        os.killpg(int(pids.split()[0]), signal.SIGKILL)  # the server and its engine
+        # The worker's server (`rlcli rollout-server` became it) by the port its log names.
+        log = (tmp_path / "launch" / "worker_0.log").read_text()
+        port = re.search(r"--port (\d+)", log).group(1)
+        pids = subprocess.run(["pgrep", "-f", f"api_server .*--port {port} "],
+                              capture_output=True, text=True).stdout.split()  # fmt: skip
+        os.killpg(int(pids[0]), signal.SIGKILL)  # the server and its engine
         out, err = run.communicate(timeout=300)
         assert run.returncode == 4, err  # a lost worker's exit code, as on one machine
         assert "rollout worker" in err and "trainer.resume=auto" in err and "launcher=ray" in err
