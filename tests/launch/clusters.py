@@ -22,10 +22,12 @@ def two_nodes(head_cpus: int = 1, other_cpus: int = 1) -> Cluster:
     return made
 
 
-def start(cluster, run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """`rlcli train launcher=ray` joining `cluster`, as a user types it."""
+def start(cluster, run_dir: Path, *overrides: str, sampler="hf", new_tokens=8) -> subprocess.Popen:
+    """`rlcli train launcher=ray` joining `cluster`, as a user types it: a short run on the tiny
+    model (`conftest.tiny`), then `overrides`."""
+    run = tiny("trainer.prompts_per_step=2", *overrides, sampler=sampler, new_tokens=new_tokens)
     argv = [sys.executable, "-m", "rlcli", "train", "launcher=ray", f"hydra.run.dir={run_dir}",
-            *tiny("trainer.prompts_per_step=2", *overrides)]  # fmt: skip
+            *run]  # fmt: skip
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "RAY_ADDRESS": cluster.address, "PYTHONPATH": path}
     return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,

@@ -91,3 +91,19 @@ def test_an_unreachable_head_is_named_at_once(tmp_path):
     assert run.returncode == 2
     assert "launcher.address=127.0.0.1:9: no Ray cluster could be joined" in run.stderr
     assert "Traceback" not in run.stderr and time.monotonic() - began < 60
+
+
+def test_colocated_engines_sample_with_the_weights_their_rank_just_learned(cluster, tmp_path):
+    # launcher=ray with no rollout workers: each rank, on its own node, samples from a vLLM
+    # engine in its own process (verl's colocated shape). In float32 the engines' log-probs
+    # match the learner's to rounding at every step while a high learning rate moves the
+    # policy far from where it began, so an engine left with older weights fails.
+    run = start(cluster, tmp_path, "launcher.learner_ranks=2", "trainer.max_steps=3",
+                "trainer.lr=5e-2", "trainer.bf16_autocast=false", "trainer.dtype=float32",
+                sampler="vllm", new_tokens=16)  # fmt: skip
+    out, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err
+    metrics = rows(tmp_path)
+    assert [r["step"] for r in metrics] == [1, 2, 3]
+    assert all(r["rollout/logp_abs_diff"] < 1e-3 for r in metrics), metrics
+    assert metrics[-1]["loss/kl"] > 1e-2

@@ -76,8 +76,8 @@ def test_two_ranks_and_a_worker_on_two_nodes_train_as_under_torchrun(tmp_path):
 def test_a_rollout_worker_killed_ends_the_run_with_its_step_saved(tmp_path):
     cluster = two_nodes(head_cpus=1, other_cpus=1)  # the rank on one node, the worker on the other
     try:
-        run = start(cluster, tmp_path, "sampler=vllm", "sampler.workers=1",
-                    "trainer.max_steps=200")  # fmt: skip
+        run = start(cluster, tmp_path, "sampler.workers=1", "trainer.max_steps=200",
+                    sampler="vllm")  # fmt: skip
         while len(rows(tmp_path)) < 2:
             assert run.poll() is None, run.communicate()
             time.sleep(0.5)
