@@ -73,7 +73,8 @@ def test_two_ranks_and_a_worker_on_two_nodes_train_as_under_torchrun(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rollout_worker_killed_ends_the_run_with_its_step_saved(tmp_path):
+@pytest.mark.parametrize("lost", ["process", "node"])
+def test_a_rollout_worker_lost_ends_the_run_with_its_step_saved(tmp_path, lost):
     cluster = two_nodes(head_cpus=1, other_cpus=1)  # the rank on one node, the worker on the other
     try:
         run = start(cluster, tmp_path, "sampler.workers=1", "trainer.max_steps=200",
@@ -81,12 +82,17 @@ def test_a_rollout_worker_killed_ends_the_run_with_its_step_saved(tmp_path):
         while len(rows(tmp_path)) < 2:
             assert run.poll() is None, run.communicate()
             time.sleep(0.5)
-        # The worker's server (`rlcli rollout-server` became it) by the port its log names.
-        log = (tmp_path / "launch" / "worker_0.log").read_text()
-        port = re.search(r"--port (\d+)", log).group(1)
-        pids = subprocess.run(["pgrep", "-f", f"api_server .*--port {port} "],
-                              capture_output=True, text=True).stdout.split()  # fmt: skip
-        os.killpg(int(pids[0]), signal.SIGKILL)  # the server and its engine
+        placed = json.loads((tmp_path / "launch" / "placement.json").read_text())
+        worker_node = {p["process"]: p["node"] for p in placed}["worker 0"]
+        if lost == "node":  # SIGKILL to the raylet of the worker's node: all of it goes
+            (node,) = [n for n in cluster.list_all_nodes() if n.node_id == worker_node]
+            node.kill_raylet()
+        else:  # the worker's server (`rlcli rollout-server` became it), by the port it names
+            log = (tmp_path / "launch" / "worker_0.log").read_text()
+            port = re.search(r"--port (\d+)", log).group(1)
+            pids = subprocess.run(["pgrep", "-f", f"api_server .*--port {port} "],
+                                  capture_output=True, text=True).stdout.split()  # fmt: skip
+            os.killpg(int(pids[0]), signal.SIGKILL)  # the server and its engine
         out, err = run.communicate(timeout=300)
         assert run.returncode == 4, err  # a lost worker's exit code, as on one machine
         assert "rollout worker" in err and "trainer.resume=auto" in err and "launcher=ray" in err
