@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rlcli.tracking.metrics import read_metrics
 from tests.conftest import REPO, tiny
 
@@ -29,6 +31,8 @@ exec "$@"
 """
 
 
+# Slow (half a minute: a Ray head started and stopped by the script itself).
+@pytest.mark.slow
 def test_the_sbatch_script_starts_ray_and_trains_on_it(tmp_path):
     shims = tmp_path / "bin"
     shims.mkdir()
