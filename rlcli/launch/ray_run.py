@@ -50,8 +50,8 @@ def _ray():
         import ray
     except ImportError:
         raise ConfigError(
-            'launcher=ray needs Ray, which is not installed: pip install -e ".[ray]" (or '
-            "pip install 'ray>=2.40'), or run on this machine with launcher=local."
+            'launcher=ray needs Ray, which is not installed: pip install -e ".[ray]" (Ray 2.40 '
+            "to 2.60), or run on this machine with launcher=local."
         ) from None
     return ray
 
