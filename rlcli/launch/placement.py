@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlcli.config import ConfigError
+
 
 @dataclass(frozen=True)
 class Role:
@@ -85,8 +87,6 @@ def shortfall(placed: list[Role], nodes: list[dict[str, float]]) -> str | None:
 
 def check_launcher(launcher, under_torchrun: bool) -> None:
     """Refuse launcher settings that cannot work (ConfigError), before anything starts."""
-    from rlcli.config import ConfigError
-
     for key, low in (("learner_ranks", 1), ("cpus_per_rank", 0), ("cpus_per_worker", 0)):
         value = getattr(launcher, key)
         if value < low or (low == 0 and value == 0):

@@ -33,16 +33,20 @@ import requests
 from rlcli.config import Config, ConfigError
 from rlcli.launch.hosts import STDERR, ProcessHost
 from rlcli.launch.placement import roles, shortfall
-from rlcli.lifecycle.guard import EXIT_CODES, EXIT_WORKER_LOST, RunStopped, resume_command
+from rlcli.lifecycle.guard import (
+    EXIT_CODES,
+    EXIT_WORKER_LOST,
+    RESUME_COMMAND_VARIABLE,
+    RunStopped,
+    resume_command,
+)
+from rlcli.lifecycle.run_dir import RUN_DIR_HELD_VARIABLE
 
 # The command's overrides a rank or worker is not given: the launcher's own, and those the
 # launcher sets for it (a key given twice is an error to Hydra).
 LAUNCHER_KEYS = ("launcher=", "launcher.", "hydra.run.dir=")
 SET_FOR_RANKS = ("sampler.workers=", "sampler.urls=", "sampler.transfer_address=")
 SET_FOR_WORKERS = ("sampler.serve_port=",)
-# Set in a rank's environment: the launcher holds the run directory's lock for the ranks
-# (`lifecycle.run_dir.claim`), and a rank's messages name the launcher's resume command.
-HELD, RESUME = "RLCLI_RUN_DIR_HELD", "RLCLI_RESUME_COMMAND"
 
 
 def _ray():
@@ -76,29 +80,25 @@ def join(address: str | None):
     """Connect to the cluster at `address` (launcher.address), or start one here; Ray's own
     log lines are kept off the console."""
     ray = _ray()
-    if (why := _unreachable(address)) is not None:
-        raise ConfigError(
-            f"launcher.address={address}: no Ray cluster could be joined: {why}. Start one "
-            "(`ray start --head` on the head node) and give its HOST:PORT, auto (the one on "
-            "this node), or null to start one on this machine."
-        )
-    try:
-        ray.init(
-            address=address,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.ERROR,
-            configure_logging=True,
-        )
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        where = address or os.environ.get("RAY_ADDRESS", "a new local cluster")
-        raise ConfigError(
-            f"launcher.address={address}: no Ray cluster could be joined at {where} ({err}). "
-            "Start one (`ray start --head` on the head node), give its address as "
-            "launcher.address=HOST:PORT or auto (the one on this node), or leave "
-            "launcher.address=null to start one on this machine."
-        ) from None
-    return ray
+    why = _unreachable(address)
+    if why is None:
+        try:
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+                configure_logging=True,
+            )
+            return ray
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            where = address or os.environ.get("RAY_ADDRESS", "a new local cluster")
+            why = f"{where}: {err}"
+    raise ConfigError(
+        f"launcher.address={address}: no Ray cluster could be joined: {why}. Start one "
+        "(`ray start --head` on the head node) and give its HOST:PORT, auto (the one on "
+        "this node), or null to start one on this machine."
+    )
 
 
 def _on_gpu(device: str, cluster: dict) -> bool:
@@ -132,10 +132,11 @@ def launch(cfg: Config, run_dir: Path, overrides: list[str]) -> None:
         group, hosts = _place(ray, [b for role in placed for b in role.bundles()])
         n = cfg.launcher.learner_ranks
         ranks, workers = hosts[:n], hosts[n:]
-        _where(ray, ranks, workers, run_dir)
-        urls = _start_workers(ray, workers, cfg, run_dir, _passed_on(overrides, SET_FOR_WORKERS))
+        ips = _where(ray, ranks, workers, run_dir)
+        worker_overrides = _passed_on(overrides, SET_FOR_WORKERS)
+        urls = _start_workers(ray, workers, ips[n:], cfg, run_dir, worker_overrides)
         given = _passed_on(overrides, SET_FOR_RANKS if urls else ())
-        _start_ranks(ray, ranks, cfg, run_dir, given, urls, on_gpu)
+        _start_ranks(ray, ranks, ips[:n], cfg, run_dir, given, urls, on_gpu)
         code = _watch(ray, ranks, cfg.launcher.stop_grace_s, run_dir)
     finally:
         _clear(ray, hosts, group)
@@ -163,8 +164,9 @@ def _place(ray, bundles: list[dict]):
     return group, hosts
 
 
-def _where(ray, ranks, workers, run_dir: Path) -> None:
-    """Say where each process was placed, on the console and in launch/placement.json."""
+def _where(ray, ranks, workers, run_dir: Path) -> list[str]:
+    """Say where each process was placed, on the console and in launch/placement.json; returns
+    the IP address of each one's node, ranks first."""
     names = [f"rank {i}" for i in range(len(ranks))] + [f"worker {j}" for j in range(len(workers))]
     nodes = ray.get([h.node.remote() for h in [*ranks, *workers]])
     placed = [{"process": name, "ip": ip, "node": node}
@@ -174,15 +176,17 @@ def _where(ray, ranks, workers, run_dir: Path) -> None:
     ids = list(dict.fromkeys(node for _, node in nodes))  # nodes numbered as first met
     where = ", ".join(f"{p['process']} on node {ids.index(p['node'])} ({p['ip']})" for p in placed)
     print(f"rlcli: placed on the Ray cluster: {where}; logs in {run_dir / 'launch'}")
+    return [ip for ip, _ in nodes]
 
 
 def _threads(cpus: float) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(max(1, int(cpus)))}
 
 
-def _start_workers(ray, workers, cfg: Config, run_dir: Path, passed: list[str]) -> list[str]:
-    """`rlcli rollout-server` in each worker's bundle; their URLs once each answers."""
-    ips = [ip for ip, _ in ray.get([w.node.remote() for w in workers])]
+def _start_workers(ray, workers, ips: list[str], cfg: Config, run_dir: Path,
+                   passed: list[str]) -> list[str]:  # fmt: skip
+    """`rlcli rollout-server` in each worker's bundle (on the nodes at `ips`); their URLs once
+    each answers."""
     ports = ray.get([w.free_port.remote() for w in workers])
     for j, (worker, port) in enumerate(zip(workers, ports, strict=True)):
         own = run_dir / "launch" / f"worker_{j}"  # its Hydra directory
@@ -219,11 +223,10 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _start_ranks(ray, ranks, cfg: Config, run_dir: Path, passed: list[str], urls: list[str],
-                 on_gpu: bool) -> None:  # fmt: skip
-    """`rlcli train` in each rank's bundle, with torchrun's variables: rank 0's node is the
-    rendezvous and the address the workers reach for the weight push."""
-    ips = [ip for ip, _ in ray.get([r.node.remote() for r in ranks])]
+def _start_ranks(ray, ranks, ips: list[str], cfg: Config, run_dir: Path, passed: list[str],
+                 urls: list[str], on_gpu: bool) -> None:  # fmt: skip
+    """`rlcli train` in each rank's bundle (on the nodes at `ips`), with torchrun's variables:
+    rank 0's node is the rendezvous and the address the workers reach for the weight push."""
     port = ray.get(ranks[0].free_port.remote())
     given = [*passed, "launcher=local", f"hydra.run.dir={run_dir}"]
     if urls:
@@ -239,8 +242,8 @@ def _start_ranks(ray, ranks, cfg: Config, run_dir: Path, passed: list[str], urls
             "LOCAL_WORLD_SIZE": str(ips.count(ip)),
             "MASTER_ADDR": ips[0],
             "MASTER_PORT": str(port),
-            HELD: "1",
-            RESUME: command,
+            RUN_DIR_HELD_VARIABLE: "1",  # the launcher holds the run directory's lock
+            RESUME_COMMAND_VARIABLE: command,
             **_threads(cfg.launcher.cpus_per_rank),
         }
         argv = [sys.executable, "-m", "rlcli", "train", *given]

@@ -78,10 +78,14 @@ class RunStopped(Exception):
         self.exit_code = exit_code
 
 
+# Set by `launcher=ray` in each rank's environment: the launcher's own resume command.
+RESUME_COMMAND_VARIABLE = "RLCLI_RESUME_COMMAND"
+
+
 def resume_command(run_dir: Path) -> str:
     """The command that continues this run: the same overrides, the same run directory. A
     rank that `launcher=ray` started names the launcher's command, which it was given."""
-    if given := os.environ.get("RLCLI_RESUME_COMMAND"):
+    if given := os.environ.get(RESUME_COMMAND_VARIABLE):
         return given
     try:
         from hydra.core.hydra_config import HydraConfig

@@ -169,6 +169,11 @@ def _holder(run_dir: Path) -> str:
         return "PID unknown"
 
 
+# Set by `launcher=ray` in each rank's environment: the launcher holds the run directory's
+# lock for every rank.
+RUN_DIR_HELD_VARIABLE = "RLCLI_RUN_DIR_HELD"
+
+
 @contextmanager
 def claim(run_dir: Path, command: str = "rlcli", hydra_files: tuple[str, ...] = (".hydra",)):
     """Hold `run_dir` for this process: refuse a foreign directory (a non-empty one without the
@@ -179,7 +184,7 @@ def claim(run_dir: Path, command: str = "rlcli", hydra_files: tuple[str, ...] = 
     before the job started. Re-entrant within one process; a rank that `launcher=ray` started
     (RLCLI_RUN_DIR_HELD set) takes no lock, since its launcher holds it for every rank."""
     run_dir = Path(run_dir).resolve()
-    if run_dir in _held or os.environ.get("RLCLI_RUN_DIR_HELD"):
+    if run_dir in _held or os.environ.get(RUN_DIR_HELD_VARIABLE):
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)
