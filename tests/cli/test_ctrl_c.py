@@ -190,9 +190,12 @@ def test_sigterm_still_stops_as_before(tmp_path, moment):
         [sys.executable, "-m", "rlcli", "train", *TINY, "sampler=hf", f"hydra.run.dir={run_dir}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    # The loop: once step 1 is logged; the start: as soon as Hydra has made the run directory.
-    marker = run_dir / ("metrics.jsonl" if moment == "the loop" else "train.log")
-    wait_for(marker.exists, proc)
+    # The loop: once step 1's row is written (metrics.jsonl is created before the loop starts,
+    # and may hold an evaluation's row); the start: as soon as Hydra has made the run directory.
+    if moment == "the loop":
+        wait_for(lambda: "time/step" in text(run_dir / "metrics.jsonl"), proc)
+    else:
+        wait_for((run_dir / "train.log").exists, proc)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     # In the loop rlcli saves and exits 143; before it, SIGTERM's default ends the process
