@@ -28,8 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import requests
-
 from rlcli.config import Config, ConfigError
 from rlcli.launch.hosts import STDERR, ProcessHost
 from rlcli.launch.placement import roles, shortfall
@@ -41,6 +39,7 @@ from rlcli.lifecycle.guard import (
     resume_command,
 )
 from rlcli.lifecycle.run_dir import RUN_DIR_HELD_VARIABLE
+from rlcli.rollout.workers.client import is_up
 
 # The command's overrides a rank or worker is not given: the launcher's own, and those the
 # launcher sets for it (a key given twice is an error to Hydra).
@@ -198,7 +197,7 @@ def _start_workers(ray, workers, ips: list[str], cfg: Config, run_dir: Path,
     urls = [f"http://{ip}:{port}" for ip, port in zip(ips, ports, strict=True)]
     deadline = time.monotonic() + cfg.sampler.worker_timeout_s
     for j, (worker, url) in enumerate(zip(workers, urls, strict=True)):
-        while not _answers(url):
+        while not is_up(url):
             log = run_dir / "launch" / f"worker_{j}.log"
             if (code := ray.get(worker.poll.remote())) is not None:
                 why = f"exited with code {code} while starting; the end of {log} says why"
@@ -214,13 +213,6 @@ def _start_workers(ray, workers, ips: list[str], cfg: Config, run_dir: Path,
                 EXIT_WORKER_LOST,
             )
     return urls
-
-
-def _answers(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/health", timeout=5).ok
-    except requests.RequestException:
-        return False
 
 
 def _start_ranks(ray, ranks, ips: list[str], cfg: Config, run_dir: Path, passed: list[str],

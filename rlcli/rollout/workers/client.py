@@ -86,6 +86,14 @@ def answer_snippet(response: requests.Response) -> str:
     return f"{kind}, {text[:100]!r}{'...' if len(text) > 100 else ''}"
 
 
+def is_up(url: str) -> bool:
+    """Whether the worker at `url` answers its health check now: polled while it starts."""
+    try:
+        return requests.get(f"{url}/health", timeout=5).ok
+    except requests.RequestException:
+        return False
+
+
 def not_a_worker(session: requests.Session, url: str, timeout: float) -> str | None:
     """None when `url` answers like a vLLM server (GET /v1/models: its list of models); else
     what it does instead, for a WorkerLost before the first weight push, which would wait

@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import requests
 import torch
 
 from rlcli.config import ConfigError, SamplerConfig
-from rlcli.rollout.workers.client import WorkerLost
+from rlcli.rollout.workers.client import WorkerLost, is_up
 
 
 def check_worker_settings(cfg: SamplerConfig) -> None:
@@ -207,11 +206,8 @@ class LocalWorkers:
         for i, url in enumerate(self.urls):
             while True:
                 self.check(i)
-                try:
-                    if requests.get(f"{url}/health", timeout=5).ok:
-                        break
-                except requests.RequestException:
-                    pass
+                if is_up(url):
+                    break
                 if time.monotonic() > deadline:
                     raise WorkerLost(
                         f"rollout worker {i} ({url}) did not start within {timeout:.0f} s; "
