@@ -10,6 +10,8 @@ element-wise work between each layer's products (`KEPT_OPERATORS`).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 
 import torch
@@ -87,3 +89,24 @@ def free_bytes(device: torch.device) -> int:
     import psutil
 
     return psutil.virtual_memory().available
+
+
+# glibc's M_MMAP_THRESHOLD (mallopt's parameter number) and the size from which a CPU tensor's
+# memory is its own mapping, returned to the system when the tensor is freed.
+_M_MMAP_THRESHOLD, OWN_MAPPING_BYTES = -3, 2 * 2**20
+
+
+def return_freed_tensors(device: torch.device) -> None:
+    """On the CPU, make each tensor of 2 MiB or more its own memory mapping, handed back to
+    the system when it is freed. glibc raises that size by itself after the first large frees
+    (up to 32 MiB), and freed blocks below it then stay in the heap, resident, where later
+    steps' tensors do not fit: a default run's peak on the CPU was 0.3 GiB higher that way
+    (docs/performance.md, "Peak memory"). A no-op on a GPU and where the C library is not
+    glibc."""
+    if device.type != "cpu":
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, OWN_MAPPING_BYTES)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator, as it is
+        pass

@@ -35,7 +35,7 @@ from rlcli.rewards.components import component_names
 from rlcli.rewards.scorer import Scorer
 from rlcli.rollout.backends import make_sampler, objective_sampler
 from rlcli.rollout.contract import Sampler, SamplerSetup
-from rlcli.runtime import distributed
+from rlcli.runtime import distributed, memory
 from rlcli.runtime.init_kwargs import trusts_remote_code
 from rlcli.runtime.lora import add_adapters, dropout_off, load_adapters
 from rlcli.runtime.memory import activation_bytes, checkpointing_kwargs, free_bytes
@@ -134,7 +134,6 @@ def _reference(cfg: Config, policy, model_path: str, compute: str, device):
     """The frozen reference model of the KL term, in the compute dtype (half the memory), or
     None for beta = 0 (no KL term: nothing loaded). With LoRA the reference is the policy
     itself with its adapters off (`lora.adapters_off`)."""
-    t = cfg.trainer
     if not cfg.algo.beta:
         return None
     if cfg.model.lora.rank > 0:
@@ -142,8 +141,8 @@ def _reference(cfg: Config, policy, model_path: str, compute: str, device):
     reference = load_causal_lm(
         model_path, compute, device, False, init_kwargs=cfg.model.init_kwargs
     )
-    if t.attention != "auto":
-        reference.set_attn_implementation(t.attention)
+    if cfg.trainer.attention != "auto":
+        reference.set_attn_implementation(cfg.trainer.attention)
     return reference
 
 
@@ -198,6 +197,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     # Under torchrun each rank samples its own responses, so each draws its own numbers.
     seed_everything(t.seed + distributed.rank())
     device = distributed.init(pick_device(t.device))
+    memory.return_freed_tensors(device)  # else one step's freed tensors stay resident in the next
     # Data and reward first: a bad data file or reward function should fail before minutes
     # of model loading.
     train_set, test_set = _problems(cfg)
