@@ -33,7 +33,6 @@ from rlcli.lifecycle.checkpoint import (
 )
 from rlcli.ops.policy_loss import dpo_loss
 from rlcli.rollout.batch import Rollout, rollout_from_tokens
-from rlcli.runtime import memory
 from rlcli.runtime.lora import adapters_off, dropout_on
 from rlcli.runtime.models import (
     adamw,
@@ -137,7 +136,6 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> DpoRun:
     t, settings = cfg.trainer, dpo_settings(cfg)
     seed_everything(t.seed)
     device = pick_device(t.device)
-    memory.return_freed_tensors(device)  # else one step's freed tensors stay resident in the next
     train_pairs, test_pairs = load_splits(cfg.data)  # data=pairs: lists of Pair
     model_path = resolve_model_path(cfg.model, t.seed)
     tokenizer = load_tokenizer(model_path, init_kwargs=cfg.model.init_kwargs)

@@ -197,7 +197,6 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     # Under torchrun each rank samples its own responses, so each draws its own numbers.
     seed_everything(t.seed + distributed.rank())
     device = distributed.init(pick_device(t.device))
-    memory.return_freed_tensors(device)  # else one step's freed tensors stay resident in the next
     # Data and reward first: a bad data file or reward function should fail before minutes
     # of model loading.
     train_set, test_set = _problems(cfg)
@@ -214,6 +213,7 @@ def setup(cfg: Config, checkpoint: Path | None = None) -> Run:
     if t.attention != "auto":
         policy.set_attn_implementation(t.attention)
     compute = compute_dtype(t, device)
+    memory.return_freed_tensors(device, compute)  # else freed tensors stay resident
     compiled = compiles(t.compile, device)
     learner, working, learner_autocast = _learner(cfg, policy, compute, compiled)
     reference = _reference(cfg, policy, model_path, compute, device)
