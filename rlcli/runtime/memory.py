@@ -100,10 +100,10 @@ def return_freed_tensors(device: torch.device, compute: str) -> None:
     """Where the learner computes in bfloat16 on the CPU, make each tensor of 2 MiB or more its
     own memory mapping, handed back to the system when it is freed. glibc raises that size by
     itself after the first large frees (up to 32 MiB), and freed blocks below it then stay in
-    the heap, resident, where later steps' tensors do not fit: the default run's peak was 0.3
-    GiB higher that way, and mapping afresh costs it about 1% of a step. In float32 it cost
-    13-20% of a step for 0.5 GiB, so float32 runs keep glibc's own size (docs/performance.md,
-    "Peak memory"). A no-op on a GPU and where the C library is not glibc."""
+    the heap, resident, where later steps' tensors do not always fit, which raised the default
+    run's peak. In float32 mapping each tensor afresh cost more time than the memory was worth,
+    so float32 runs keep glibc's own size (the figures: docs/performance.md, "Peak memory").
+    A no-op on a GPU and where the C library is not glibc."""
     if device.type != "cpu" or compute != "bfloat16":
         return
     try:
