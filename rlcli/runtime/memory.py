@@ -11,7 +11,6 @@ element-wise work between each layer's products (`KEPT_OPERATORS`).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 import torch
@@ -107,7 +106,6 @@ def return_freed_tensors(device: torch.device, compute: str) -> None:
     if device.type != "cpu" or compute != "bfloat16":
         return
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, OWN_MAPPING_BYTES)
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, OWN_MAPPING_BYTES)
     except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator, as it is
         pass
