@@ -115,6 +115,12 @@ class LoopGuard:
         self._previous: dict = {}
 
     def __enter__(self) -> LoopGuard:
+        if _ctrl_c_pressed:
+            # A Ctrl-C during setup that a library swallowed: compiled code that cannot pass an
+            # exception on prints "Exception ignored in ..." and carries on (CI saw vLLM's engine
+            # start do so, and the run then trained all its steps). It still stops the run here,
+            # before the first step, as it would have had it reached us.
+            raise KeyboardInterrupt
         for sig in EXIT_CODES:
             try:
                 self._previous[sig] = signal.signal(sig, self._on_signal)

@@ -135,6 +135,34 @@ def test_ctrl_c_that_a_library_wraps_in_its_own_error_still_exits_130(tmp_path):
     assert "RuntimeError" not in stderr
 
 
+SWALLOWS_CTRL_C = """
+import pathlib, time
+pathlib.Path(__file__).with_suffix(".importing").touch()
+try:
+    time.sleep(120)
+except KeyboardInterrupt:
+    pass  # as compiled code that cannot raise does: "Exception ignored in ...", and on
+import torch
+def loss(ratio, advantages, lo, hi):  # PPO's clipped loss: a run that would train
+    clipped = torch.minimum(torch.maximum(ratio, lo), hi)
+    return -torch.minimum(ratio * advantages, clipped * advantages), {}
+"""
+
+
+def test_ctrl_c_that_a_library_swallows_still_stops_before_the_first_step(tmp_path):
+    # CI caught a Ctrl-C during the vLLM engine's start lost in compiled code ("Exception
+    # ignored in: 'cls_name'"): the run then trained all its steps and exited 0. A module that
+    # swallows the KeyboardInterrupt on import stands in for it here, deterministically.
+    module = tmp_path / "swallows.py"
+    module.write_text(SWALLOWS_CTRL_C)
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "sampler=hf", f"algo.loss={module}:loss")
+    wait_for(module.with_suffix(".importing").exists, proc)
+    stderr, _ = interrupt(proc, [])
+    assert BEFORE_THE_LOOP.search(stderr), stderr
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
+
+
 def test_ctrl_c_while_a_rollout_worker_starts_stops_within_seconds(tmp_path):
     # It used to do nothing (SIGINT ignored until the loop): the run trained all its steps.
     run_dir = tmp_path / "run"
