@@ -70,7 +70,9 @@ def matmul_peak(
     """Best FLOP/s of an n x n matmul on `device`: the ceiling the learner is compared with."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / best_seconds(device, lambda: a @ b, repeats)
+    # Into one product: a fresh one each time costs the allocator's page faults on a CPU.
+    product = torch.empty(n, n, device=device, dtype=dtype)
+    return 2 * n**3 / best_seconds(device, lambda: torch.matmul(a, b, out=product), repeats)
 
 
 def read_bandwidth(device: torch.device, gib: float = 0.5, repeats: int = 5) -> float:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from rlcli.config import ConfigError, ModelConfig, TrainerConfig
+from rlcli.runtime.cpu_bf16 import cpu_bf16_not_slower
 from rlcli.runtime.init_kwargs import check_init_kwargs, trusts_remote_code
 from rlcli.runtime.lora import check_settings, is_adapter_dir
 
@@ -285,13 +286,14 @@ def check_device(trainer: TrainerConfig) -> None:
 
 
 def has_fast_bf16(device: torch.device) -> bool:
-    """Whether `device` multiplies bfloat16 matrices natively: CUDA GPUs from Ampere on, and
-    CPUs with AVX512-BF16 or AMX (faster than fp32: see docs/performance.md, "bfloat16");
-    elsewhere bfloat16 is emulated and slower than fp32."""
+    """Whether `device` multiplies bfloat16 faster than float32: CUDA GPUs from Ampere on, CPUs
+    with AMX, and CPUs with AVX512-BF16 alone where a measured matmul says so (`cpu_bf16`;
+    docs/performance.md, "bfloat16"); elsewhere bfloat16 is emulated, slower than float32."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return device.type == "cpu" and any(getattr(torch.cpu, c, lambda: False)() for c in checks)
+    if device.type != "cpu" or not torch.cpu._is_avx512_bf16_supported():
+        return False
+    return torch.cpu._is_amx_tile_supported() or cpu_bf16_not_slower(cache_dir() / "cpu.json")
 
 
 def load_causal_lm(
