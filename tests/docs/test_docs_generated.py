@@ -66,9 +66,16 @@ TINY = tiny("trainer.max_steps=1", "trainer.prompts_per_step=2", "trainer.group_
 EVAL = ["trainer.eval_every=1", "eval.max_problems=2", "eval.k=2"]
 HF = [*TINY, "sampler=hf"]
 RUNS = {
-    # vLLM's log-probs against the learner's (rollout/*), the KL in the loss, evaluation (also
-    # before training: a row of step 0).
-    "grpo": [*TINY, "sampler=vllm", *EVAL, "trainer.val_before_train=true"],
+    # vLLM's log-probs against the learner's (rollout/*) and the correction by them (the
+    # default where the run computes in bfloat16, named here for every CPU), the KL in the
+    # loss, evaluation (also before training: a row of step 0).
+    "grpo": [
+        *TINY,
+        "sampler=vllm",
+        "sampler.old_logp=sampler",
+        *EVAL,
+        "trainer.val_before_train=true",
+    ],  # fmt: skip
     # The critic (value/*), the KL in the reward, PPO-ptx.
     "ppo": [*HF, "algo=ppo", "algo.ptx_coef=0.5", f"algo.ptx_path={PTX_TEXT}"],
     # Dynamic sampling (the tiny model never ends a response, so no overlong filter).

@@ -76,11 +76,20 @@ def test_bf16_working_gradient_points_where_the_float32_one_does(tiny_model_dir)
     assert (working - exact).norm() < 2 * (autocast - exact).norm() + 1e-6
 
 
+def computing_in_bf16(patch: pytest.MonkeyPatch) -> None:
+    """The run computes in bfloat16 whatever this CPU's choice (`runtime.cpu_bf16`): a CPU that
+    multiplies bfloat16 slower than float32, or only emulates it, still runs the tiny model."""
+    import rlcli.runtime.models
+
+    patch.setattr(rlcli.runtime.models, "has_fast_bf16", lambda device: True)
+
+
 @pytest.fixture(scope="module")
 def bf16_run():
-    run = setup(compose(["model=tiny", "sampler=hf", "reward=space_rate", "trainer.lr=1e-3"]))
-    if run.compute_dtype != "bfloat16":
-        pytest.skip("this CPU has no fast bfloat16 (AVX512-BF16 or AMX): the learner runs float32")
+    with pytest.MonkeyPatch.context() as patch:
+        computing_in_bf16(patch)
+        run = setup(compose(["model=tiny", "sampler=hf", "reward=space_rate", "trainer.lr=1e-3"]))
+    assert run.compute_dtype == "bfloat16"
     return run
 
 
@@ -101,9 +110,9 @@ def test_a_bf16_run_trains_float32_masters_through_bf16_passes(bf16_run):
 
 
 @pytest.mark.parametrize("override", ["trainer.bf16_weights=false", "model.lora.rank=4"])
-def test_autocast_where_bf16_weights_are_off_or_the_policy_is_lora(override):
+def test_autocast_where_bf16_weights_are_off_or_the_policy_is_lora(override, monkeypatch):
+    computing_in_bf16(monkeypatch)
     run = setup(compose(["model=tiny", "sampler=hf", override]))
-    if run.compute_dtype != "bfloat16":
-        pytest.skip("this CPU has no fast bfloat16 (AVX512-BF16 or AMX): the learner runs float32")
+    assert run.compute_dtype == "bfloat16"
     assert run.learner_autocast
     assert all(p.dtype == torch.float32 for p in run.learner.parameters())
