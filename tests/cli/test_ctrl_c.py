@@ -109,57 +109,41 @@ def test_ctrl_c_while_the_vllm_engine_starts(tmp_path):
     assert BEFORE_THE_LOOP.search(stderr) or "stopped by SIGINT after step 1" in stderr, stderr
 
 
-WRAPS_CTRL_C = """
+# A user's loss module that takes a Ctrl-C during its import as a library might, standing in
+# for libraries CI caught, deterministically. Each sleeps until interrupted.
+IMPORTING = """
 import pathlib, time
+import torch
 pathlib.Path(__file__).with_suffix(".importing").touch()
 try:
     time.sleep(120)
 except KeyboardInterrupt as err:
-    raise RuntimeError("a library's own error for a Ctrl-C") from err
-def loss(*args):
-    raise AssertionError("never reached")
 """
+LOSS = """
+def loss(ratio, advantages, lo, hi):  # PPO's clipped loss: a run that would train
+    clipped = torch.minimum(torch.maximum(ratio, lo), hi)
+    return -torch.minimum(ratio * advantages, clipped * advantages), {}
+"""
+LIBRARIES = {
+    # pydantic, building vLLM's config in compiled code, turned a Ctrl-C into a SchemaError:
+    # the run printed a traceback and exited 1.
+    "wraps it in its own error": '    raise RuntimeError("a library\'s own error") from err',
+    # Compiled code in the vLLM engine's start that cannot raise lost one ("Exception ignored
+    # in: 'cls_name'"), and the run trained all its steps and exited 0.
+    "swallows it": "    pass",
+}
 
 
-def test_ctrl_c_that_a_library_wraps_in_its_own_error_still_exits_130(tmp_path):
-    # CI caught pydantic (building vLLM's config in compiled code) turning a Ctrl-C into a
-    # SchemaError: the run printed a traceback and exited 1. A module that does the same on
-    # import stands in for it here, deterministically.
-    module = tmp_path / "wraps.py"
-    module.write_text(WRAPS_CTRL_C)
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_ctrl_c_that_a_library_takes_still_stops_before_the_first_step(tmp_path, library):
+    module = tmp_path / "own_loss.py"
+    module.write_text(IMPORTING + LIBRARIES[library] + LOSS)
     run_dir = tmp_path / "run"
     proc = start(run_dir, "sampler=hf", f"algo.loss={module}:loss")
     wait_for(module.with_suffix(".importing").exists, proc)
     stderr, _ = interrupt(proc, [])
     assert BEFORE_THE_LOOP.search(stderr), stderr
     assert "RuntimeError" not in stderr
-
-
-SWALLOWS_CTRL_C = """
-import pathlib, time
-pathlib.Path(__file__).with_suffix(".importing").touch()
-try:
-    time.sleep(120)
-except KeyboardInterrupt:
-    pass  # as compiled code that cannot raise does: "Exception ignored in ...", and on
-import torch
-def loss(ratio, advantages, lo, hi):  # PPO's clipped loss: a run that would train
-    clipped = torch.minimum(torch.maximum(ratio, lo), hi)
-    return -torch.minimum(ratio * advantages, clipped * advantages), {}
-"""
-
-
-def test_ctrl_c_that_a_library_swallows_still_stops_before_the_first_step(tmp_path):
-    # CI caught a Ctrl-C during the vLLM engine's start lost in compiled code ("Exception
-    # ignored in: 'cls_name'"): the run then trained all its steps and exited 0. A module that
-    # swallows the KeyboardInterrupt on import stands in for it here, deterministically.
-    module = tmp_path / "swallows.py"
-    module.write_text(SWALLOWS_CTRL_C)
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, "sampler=hf", f"algo.loss={module}:loss")
-    wait_for(module.with_suffix(".importing").exists, proc)
-    stderr, _ = interrupt(proc, [])
-    assert BEFORE_THE_LOOP.search(stderr), stderr
     assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
 
 
