@@ -75,7 +75,7 @@ RUNS = {
         "sampler.old_logp=sampler",
         *EVAL,
         "trainer.val_before_train=true",
-    ],  # fmt: skip
+    ],
     # The critic (value/*), the KL in the reward, PPO-ptx.
     "ppo": [*HF, "algo=ppo", "algo.ptx_coef=0.5", f"algo.ptx_path={PTX_TEXT}"],
     # Dynamic sampling (the tiny model never ends a response, so no overlong filter).

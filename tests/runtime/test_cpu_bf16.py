@@ -40,7 +40,11 @@ def test_a_damaged_cache_is_measured_around(tmp_path):
     assert measured["float32_gflops"] > 0
 
 
-SPEEDS = "import sys, pathlib; from rlcli.runtime import cpu_bf16; print(cpu_bf16.speeds(pathlib.Path(sys.argv[1])))"  # noqa: E501
+SPEEDS = """
+import pathlib, sys
+from rlcli.runtime import cpu_bf16
+print(cpu_bf16.speeds(pathlib.Path(sys.argv[1])))
+"""
 
 
 def test_processes_starting_together_measure_once(tmp_path):
@@ -50,7 +54,7 @@ def test_processes_starting_together_measure_once(tmp_path):
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", SPEEDS, str(cache)], cwd=REPO, stdout=subprocess.PIPE, text=True
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
     printed = [p.communicate(timeout=120)[0] for p in procs]
