@@ -9,7 +9,8 @@ and the learner's achieved FLOP/s as a share of this machine's measured matmul p
 
 Arguments other than --steps and --warmup are rlcli config overrides. The first `--warmup`
 steps (1) are run but not counted: they include one-off costs (compiling, allocator growth).
-Peak memory is the process's maximum resident set (CPU) or the largest CUDA allocation (GPU).
+Peak memory is the process's maximum resident set (CPU) or the largest CUDA allocation (GPU),
+read when the run ends, before this script's own probes of the machine.
 
 The FLOP limit is the step's work at this machine's measured matmul peak in the compute dtype:
 6 FLOPs per parameter and token for the learner's forward and backward (2 for each extra

@@ -7,6 +7,7 @@ from rlcli.config import Config
 from rlcli.data.problems import Problem, fit_prompts, prompt_renderer
 from rlcli.env import response_budget
 from rlcli.env.tools import unboxed_warning
+from rlcli.lifecycle.guard import stop_if_a_ctrl_c_was_lost
 from rlcli.rewards.scorer import Scorer
 from rlcli.rollout.backends import make_sampler
 from rlcli.rollout.contract import SamplerSetup
@@ -36,4 +37,7 @@ def frozen_sampling(cfg: Config, problems: list[Problem]):
     setup = SamplerSetup(
         cfg.sampler, model_path, tokenizer, policy, device, t.dtype, t.seed, None, cfg.env, remote
     )
-    return scorer, model_path, render, make_sampler(setup)
+    sampler = make_sampler(setup)
+    # A Ctrl-C that the engine's start swallowed stops the command before it samples.
+    stop_if_a_ctrl_c_was_lost()
+    return scorer, model_path, render, sampler

@@ -47,6 +47,16 @@ def ctrl_c_stops() -> None:
         pass
 
 
+def stop_if_a_ctrl_c_was_lost() -> None:
+    """Raise KeyboardInterrupt if a Ctrl-C reached this process but no exception came of it: a
+    library swallowed it. Compiled code that cannot pass an exception on prints "Exception
+    ignored in ..." and carries on (CI saw vLLM's engine start do so, and the run then trained
+    all its steps). Called where setup ends: the loop's guard, and `rlcli eval`, `filter` and
+    `pairs` once their sampler is up."""
+    if _ctrl_c_pressed:
+        raise KeyboardInterrupt
+
+
 @contextmanager
 def ctrl_c_unwrapped():
     """An error raised after a Ctrl-C is that Ctrl-C: some libraries turn the KeyboardInterrupt
@@ -115,12 +125,9 @@ class LoopGuard:
         self._previous: dict = {}
 
     def __enter__(self) -> LoopGuard:
-        if _ctrl_c_pressed:
-            # A Ctrl-C during setup that a library swallowed: compiled code that cannot pass an
-            # exception on prints "Exception ignored in ..." and carries on (CI saw vLLM's engine
-            # start do so, and the run then trained all its steps). It still stops the run here,
-            # before the first step, as it would have had it reached us.
-            raise KeyboardInterrupt
+        # A Ctrl-C during setup that a library swallowed still stops the run, before its first
+        # step, as it would have had it reached us.
+        stop_if_a_ctrl_c_was_lost()
         for sig in EXIT_CODES:
             try:
                 self._previous[sig] = signal.signal(sig, self._on_signal)

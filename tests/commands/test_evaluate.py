@@ -2,8 +2,10 @@
 tiny model's run directory (its newest checkpoint), and evaluation leaving the training samples
 untouched."""
 
+import contextlib
 import json
 import math
+import signal
 
 import pytest
 import torch
@@ -197,3 +199,28 @@ def test_a_run_directorys_damaged_newest_checkpoint_is_named_and_a_hub_id_left_a
     cfg = compose(["model=tiny", "model.path=HuggingFaceTB/SmolLM2-135M-Instruct"])
     newest_checkpoint_of_a_run(cfg)
     assert cfg.model.path == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_a_ctrl_c_the_engine_start_swallowed_stops_eval_filter_and_pairs_before_sampling(
+    monkeypatch,
+):
+    # In process, with a stand-in for the library: the sampler's start runs rlcli's Ctrl-C
+    # handler and swallows the KeyboardInterrupt it raises, as compiled code in vLLM's engine
+    # start did on CI. Training's case, with a real Ctrl-C: tests/cli/test_ctrl_c.py.
+    from rlcli.commands import frozen_sampling as module
+    from rlcli.lifecycle import guard
+
+    monkeypatch.setattr(guard, "_ctrl_c_pressed", False)  # put back after the test
+    real = module.make_sampler
+
+    def swallowing(setup):
+        made = real(setup)
+        with contextlib.suppress(KeyboardInterrupt):
+            guard._on_ctrl_c(signal.SIGINT, None)
+        return made
+
+    monkeypatch.setattr(module, "make_sampler", swallowing)
+    cfg = compose(["model=tiny", "sampler=hf", "reward=space_rate", "sampler.max_new_tokens=12"])
+    problems = load_splits(cfg.data)[1][:2]
+    with pytest.raises(KeyboardInterrupt):
+        module.frozen_sampling(cfg, problems)  # eval, filter and pairs all start here
