@@ -100,13 +100,14 @@ def main() -> None:
         ["logger.progress=false", "trainer.save_every=0", *overrides,
          f"trainer.max_steps={total}"]
     )  # fmt: skip
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory(prefix="rlcli-bench-") as run_dir:
         began = time.perf_counter()
         train(cfg, Path(run_dir))
         wall = time.perf_counter() - began
         # Read now: the matmul and bandwidth probes below allocate tensors of their own (the
         # bandwidth one 0.5 GiB), which would otherwise count in the run's peak.
-        peak_gib = peak_memory_gib(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        peak_gib = peak_memory_gib(device)
         every = read_metrics(Path(run_dir))
         rows = every[args.warmup :]
     # Everything outside the steps: loading, the engine's start-up (compiling, with
@@ -115,7 +116,6 @@ def main() -> None:
     world = distributed.world_size()
     if distributed.rank() != 0:
         return
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # The learner's matmuls run in the compute dtype (bfloat16 where the device is fast at it).
     compute = compute_dtype(cfg.trainer, device)
 
